@@ -1,0 +1,175 @@
+"""The on-storage schema, format version 1: versioned dataclasses <-> JSON. Pure; no I/O.
+
+Layout of one checkpoint (see DESIGN.md)::
+
+    <uri>/step-000001200/
+        rank-00000-000.chunks   # encoded chunks of rank 0, concatenated (several files)
+        rank-00000.json         # RankManifest: entries + checksums
+        MANIFEST.json           # GlobalManifest, written LAST = the commit
+
+A *chunk* is a box of a global tensor (``offset`` + ``shape``) encoded by one codec and
+stored as one checksummed byte range. Big tensors are split into several chunks along
+dim 0, shards of a distributed tensor are chunks with their global offset, so a reader on
+any world size can find the boxes it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT_VERSION = 1
+MANIFEST = "MANIFEST.json"
+STEP_PREFIX = "step-"
+_STEP_RE = re.compile(r"^step-(\d{9,})$")
+
+
+class ManifestError(ValueError):
+    """A manifest is missing a field, has the wrong version or cannot be parsed."""
+
+
+def step_dir(step: int) -> str:
+    """Folder name of a checkpoint: ``step-000001200``."""
+    return f"{STEP_PREFIX}{step:09d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step of a folder name, or None when it is not a checkpoint folder."""
+    m = _STEP_RE.match(name.rstrip("/").rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+def rank_manifest_name(rank: int) -> str:
+    return f"rank-{rank:05d}.json"
+
+
+def rank_chunks_name(rank: int, index: int) -> str:
+    return f"rank-{rank:05d}-{index:03d}.chunks"
+
+
+def rank_objects_name(rank: int) -> str:
+    return f"rank-{rank:05d}.objects"
+
+
+@dataclass(kw_only=True, slots=True)
+class ChunkEntry:
+    """One stored box of a tensor."""
+
+    fqn: str
+    """State name + state_dict path, e.g. ``model.layer.0.weight``."""
+    dtype: str
+    """torch dtype name without the ``torch.`` prefix."""
+    global_shape: list[int]
+    """Shape of the whole (unsharded) tensor."""
+    offset: list[int]
+    """Index of this box's first element in the global tensor, per dimension."""
+    shape: list[int]
+    """Shape of this box."""
+    codec: str
+    params: dict[str, Any] = field(default_factory=dict)
+    """Codec parameters needed to decode (JSON-serializable)."""
+    file: str
+    """Data file name inside the step folder."""
+    byte_offset: int
+    nbytes: int
+    checksum: str
+    """xxh3-64 hex digest of the stored bytes."""
+    base_step: int | None = None
+    """For a delta: the step whose reconstruction this chunk applies to."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ObjectEntry:
+    """Non-tensor state (RNG, step counters, sampler position) stored per rank."""
+
+    fqn: str
+    file: str
+    byte_offset: int
+    nbytes: int
+    checksum: str
+
+
+@dataclass(kw_only=True, slots=True)
+class RankManifest:
+    version: int = FORMAT_VERSION
+    step: int
+    rank: int
+    world_size: int
+    created: float
+    chunks: list[ChunkEntry] = field(default_factory=list)
+    objects: list[ObjectEntry] = field(default_factory=list)
+    nbytes: int = 0
+    """Bytes this rank stored for this step."""
+
+    def to_json(self) -> bytes:
+        return _dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, where: str = "rank manifest") -> RankManifest:
+        raw = _loads(data, where)
+        _check_version(raw, where)
+        try:
+            raw["chunks"] = [ChunkEntry(**c) for c in raw.get("chunks", [])]
+            raw["objects"] = [ObjectEntry(**o) for o in raw.get("objects", [])]
+            return cls(**raw)
+        except TypeError as e:
+            raise ManifestError(f"{where}: {e}") from e
+
+    @property
+    def base_steps(self) -> set[int]:
+        return {c.base_step for c in self.chunks if c.base_step is not None}
+
+
+@dataclass(kw_only=True, slots=True)
+class GlobalManifest:
+    """Written last; its presence is what makes a step committed."""
+
+    version: int = FORMAT_VERSION
+    step: int
+    world_size: int
+    created: float
+    kind: str = "full"
+    """``full`` or ``delta`` (some chunk depends on an older step)."""
+    base_steps: list[int] = field(default_factory=list)
+    """Steps this checkpoint needs to be restored (direct bases)."""
+    nbytes: int = 0
+    ranks: list[str] = field(default_factory=list)
+    """Rank manifest file names, index = rank."""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return _dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, where: str = MANIFEST) -> GlobalManifest:
+        raw = _loads(data, where)
+        _check_version(raw, where)
+        try:
+            return cls(**raw)
+        except TypeError as e:
+            raise ManifestError(f"{where}: {e}") from e
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _loads(data: bytes | str, where: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{where} is not valid JSON ({e}); the file is corrupt") from e
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{where} is not a JSON object")
+    return raw
+
+
+def _check_version(raw: dict[str, Any], where: str) -> None:
+    version = raw.get("version")
+    if version != FORMAT_VERSION:
+        raise ManifestError(
+            f"{where} has format version {version!r}; this checkflow reads version "
+            f"{FORMAT_VERSION}. Upgrade checkflow to read it."
+        )
