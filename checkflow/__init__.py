@@ -2,8 +2,29 @@
 
 from __future__ import annotations
 
-from checkflow.checkpointer import Checkpointer
-from checkflow.restore import CheckpointInfo, list_checkpoints, load
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from checkflow.checkpointer import Checkpointer
+    from checkflow.restore import CheckpointInfo, list_checkpoints, load
 
 __all__ = ["Checkpointer", "CheckpointInfo", "list_checkpoints", "load"]
 __version__ = "0.1.0"
+
+# Imported lazily (PEP 562): the coordinator shares the pure modules checkflow.policy and
+# checkflow.manifest, and importing them must not pull in torch through this package.
+_LAZY = {
+    "Checkpointer": "checkflow.checkpointer",
+    "CheckpointInfo": "checkflow.restore",
+    "list_checkpoints": "checkflow.restore",
+    "load": "checkflow.restore",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'checkflow' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
