@@ -108,6 +108,11 @@ class FrequencyTuner:
         _push(self._persists, persist_s, self.window)
 
     @property
+    def iteration_s(self) -> float | None:
+        """Median duration of a step with no checkpoint in flight, once observed."""
+        return statistics.median(self._iterations) if self._iterations else None
+
+    @property
     def profile(self) -> Profile | None:
         if not self._iterations or not self._costs:
             return None

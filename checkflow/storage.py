@@ -10,6 +10,8 @@ Transient errors (a dropped connection, a 5xx from S3) are retried with exponent
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import posixpath
@@ -65,7 +67,9 @@ class Storage:
         self.backoff_s = backoff_s
         try:
             self.fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
-        except (ValueError, ImportError) as e:
+        except (ValueError, ImportError, TypeError) as e:
+            # ValueError: unknown protocol; ImportError: its package (gcsfs, adlfs…) is
+            # missing; TypeError: storage_options the filesystem does not take.
             raise StorageError(f"cannot open checkpoint URI {uri!r}: {e}") from e
         self.local = isinstance(self.fs, LocalFileSystem)
         if self.local:
@@ -77,7 +81,18 @@ class Storage:
 
     # -- paths ---------------------------------------------------------------------------
     def path(self, relpath: str = "") -> str:
-        return posixpath.join(self.root, relpath) if relpath else self.root
+        """The filesystem path of ``relpath`` under the root (the root itself for ``""``).
+
+        Raises:
+            ValueError: ``relpath`` is absolute or climbs out of the root with ``..``; such
+                names can only come from a corrupt or hostile manifest.
+        """
+        if not relpath:
+            return self.root
+        norm = posixpath.normpath(relpath)
+        if relpath.startswith("/") or norm == ".." or norm.startswith("../"):
+            raise ValueError(f"{relpath!r} is not a path inside the checkpoint root {self.uri}")
+        return self.root if norm == "." else posixpath.join(self.root, norm)
 
     def url(self, relpath: str = "") -> str:
         """A human-readable location for messages."""
@@ -85,13 +100,27 @@ class Storage:
 
     # -- writes --------------------------------------------------------------------------
     def put(self, relpath: str, parts: Sequence[Buffer]) -> int:
-        """Write ``parts`` back to back as one object, atomically. Returns bytes written."""
-        nbytes = sum(memoryview(p).nbytes for p in parts)
-        self._retry(f"write {self.url(relpath)}", lambda: self._put_once(relpath, parts))
-        return nbytes
+        """Write ``parts`` back to back as one object, atomically, replacing any old one.
 
-    def _put_once(self, relpath: str, parts: Sequence[Buffer]) -> None:
+        A reader sees either the old object or the whole new one, never a mix or a prefix.
+
+        Args:
+            relpath: the object's path under the root; missing folders are created.
+            parts: contiguous buffers (bytes, bytearray, memoryview of an array/tensor).
+
+        Returns:
+            The number of bytes written.
+
+        Raises:
+            ValueError: a part is not a contiguous buffer (checked before any I/O).
+            StorageError: the write failed after ``retries`` attempts.
+        """
+        views = [_byte_view(p, i) for i, p in enumerate(parts)]
         target = self.path(relpath)
+        self._retry(f"write {self.url(relpath)}", lambda: self._put_once(target, views))
+        return sum(v.nbytes for v in views)
+
+    def _put_once(self, target: str, parts: Sequence[memoryview]) -> None:
         if not self.local:
             # One PUT: object stores make a whole object visible at once.
             self.fs.pipe_file(target, b"".join(parts))
@@ -113,7 +142,16 @@ class Storage:
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, relpath: str, start: int = 0, end: int | None = None) -> bytearray:
-        """Bytes ``[start, end)`` of an object (to its end when ``end`` is None)."""
+        """Bytes ``[start, end)`` of an object (to its end when ``end`` is None).
+
+        Raises:
+            FileNotFoundError: the object does not exist.
+            StorageError: the object ends before ``end`` (or before ``start``), or the read
+                failed after ``retries`` attempts.
+        """
+        if start < 0 or (end is not None and end < start):
+            raise ValueError(f"bad byte range {start}..{end} for {self.url(relpath)}")
+        self.path(relpath)  # reject a bad name now, not after retries
         return self._retry(
             f"read {self.url(relpath)}", lambda: self._read_once(relpath, start, end)
         )
@@ -122,43 +160,73 @@ class Storage:
         target = self.path(relpath)
         if self.local:
             with open(target, "rb") as f:
-                if end is None:
-                    end = os.fstat(f.fileno()).st_size
-                buf = bytearray(max(0, end - start))
+                size = os.fstat(f.fileno()).st_size
+                end = size if end is None else end
+                if start > size or end > size:
+                    raise self._truncated(relpath, start, end, size)
+                buf = bytearray(end - start)
                 f.seek(start)
                 got = f.readinto(buf)
-            if got != len(buf):
-                raise StorageError(
-                    f"{self.url(relpath)} is truncated: wanted bytes {start}..{end}, "
-                    f"the file ends at {start + got}"
-                )
+            if got != len(buf):  # shrunk between fstat and read: someone broke atomicity
+                raise self._truncated(relpath, start, end, start + got)
             return buf
-        data = self.fs.cat_file(target, start=start, end=end)
+        if end == start:
+            # S3 answers an empty range with 416; there is nothing to fetch anyway.
+            return bytearray()
+        try:
+            data = self.fs.cat_file(target, start=start, end=end)
+        except OSError as e:
+            # s3fs turns S3's 416 "range not satisfiable" into EINVAL: the object is shorter
+            # than asked. That is a fact about the object, not a transient error to retry.
+            if e.errno != errno.EINVAL:
+                raise
+            size = int(self.fs.size(target))
+            if end is None and start == size:
+                return bytearray()
+            raise self._truncated(relpath, start, end, size) from e
+        if end is None and not data and start > 0:
+            # memory:// returns b"" for a start past the end; tell that from start == size.
+            size = int(self.fs.size(target))
+            if start > size:
+                raise self._truncated(relpath, start, end, size)
         if end is not None and len(data) != end - start:
-            raise StorageError(
-                f"{self.url(relpath)} is truncated: wanted bytes {start}..{end}, "
-                f"got {len(data)} bytes"
-            )
+            raise self._truncated(relpath, start, end, start + len(data))
         return bytearray(data)
 
-    def exists(self, relpath: str = "") -> bool:
-        return bool(
-            self._retry(f"stat {self.url(relpath)}", lambda: self.fs.exists(self.path(relpath)))
+    def _truncated(self, relpath: str, start: int, end: int | None, size: int) -> StorageError:
+        want = f"{start}..{end}" if end is not None else f"{start}..end"
+        return StorageError(
+            f"{self.url(relpath)} is truncated: wanted bytes {want}, it ends at byte {size}"
         )
 
+    def exists(self, relpath: str = "") -> bool:
+        """Whether an object or a folder exists at ``relpath``."""
+
+        self.path(relpath)
+
+        def once() -> bool:
+            return bool(self.fs.exists(self._uncached(relpath)))
+
+        return self._retry(f"stat {self.url(relpath)}", once)
+
     def size(self, relpath: str) -> int:
-        return int(
-            self._retry(f"stat {self.url(relpath)}", lambda: self.fs.size(self.path(relpath)))
+        """The size in bytes of the object at ``relpath``.
+
+        Raises:
+            FileNotFoundError: the object does not exist.
+        """
+        self.path(relpath)
+        return self._retry(
+            f"stat {self.url(relpath)}", lambda: int(self.fs.size(self._uncached(relpath)))
         )
 
     def listdir(self, relpath: str = "") -> list[str]:
-        """Names (not paths) directly under ``relpath``; empty when it does not exist."""
+        """Names (not paths) directly under ``relpath``, sorted; empty when it does not exist."""
+        self.path(relpath)
 
         def once() -> list[str]:
-            target = self.path(relpath)
+            target = self._uncached(relpath)
             try:
-                if not self.local:
-                    self.fs.invalidate_cache(target)
                 entries = self.fs.ls(target, detail=False)
             except FileNotFoundError:
                 return []
@@ -169,18 +237,31 @@ class Storage:
 
     # -- deletes -------------------------------------------------------------------------
     def delete(self, relpath: str) -> None:
-        """Delete a file or a folder with everything under it; missing is not an error."""
-        if not relpath:
-            raise ValueError("refusing to delete the checkpoint root")
+        """Delete a file or a folder with everything under it; missing is not an error.
+
+        Raises:
+            ValueError: ``relpath`` names the root itself (``""``, ``"."``) or lies outside it.
+            StorageError: the delete failed after ``retries`` attempts.
+        """
+        target = self.path(relpath)
+        if target == self.root:
+            raise ValueError(f"refusing to delete the checkpoint root {self.uri}")
 
         def once() -> None:
-            target = self.path(relpath)
             try:
                 self.fs.rm(target, recursive=True)
             except FileNotFoundError:
                 return
 
         self._retry(f"delete {self.url(relpath)}", once)
+
+    def _uncached(self, relpath: str) -> str:
+        # s3fs answers exists/size/ls from a listing cache filled by earlier calls; other
+        # ranks and processes write to the same prefix, so always ask the store.
+        target = self.path(relpath)
+        if not self.local:
+            self.fs.invalidate_cache(target)
+        return target
 
     # -- retries -------------------------------------------------------------------------
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
@@ -203,6 +284,15 @@ class Storage:
         raise AssertionError("unreachable")
 
 
+def _byte_view(part: Buffer, index: int) -> memoryview:
+    # A flat byte view lets file.write and bytes.join take any dtype/shape, and rejects a
+    # non-contiguous array here, once, instead of failing (and retrying) mid-write.
+    try:
+        return memoryview(part).cast("B")
+    except TypeError as e:
+        raise ValueError(f"part {index} is not a contiguous buffer: {e}") from e
+
+
 def _fsync_dir(folder: str) -> None:
     # The rename is durable only once the folder entry is; not every OS lets us open one.
     try:
@@ -210,15 +300,12 @@ def _fsync_dir(folder: str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
 def _remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass

@@ -1,0 +1,430 @@
+"""The public ``Checkpointer``: wires policy, snapshot, persist and the coordinator client.
+
+It does no I/O and no encoding itself. On the training thread it only counts steps, asks
+the policy whether a checkpoint is due, and starts a snapshot; everything slow runs in the
+snapshot and persist threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from checkflow import distributed
+from checkflow.codec import CodecRules
+from checkflow.persist import (
+    CommitProtocol,
+    PersistWorker,
+    RankResult,
+    SingleProcessCommit,
+    committed_steps,
+)
+from checkflow.policy import FrequencyTuner
+from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
+from checkflow.snapshot import Snapshot, Snapshotter, protected_pointers
+from checkflow.state import check_state, flatten, load_into
+from checkflow.storage import Storage
+
+log = logging.getLogger(__name__)
+
+META_KEY = "__checkflow__"
+"""Skeleton entry holding checkflow's own state (the step counter)."""
+
+
+@dataclass(slots=True)
+class CheckpointStats:
+    """What the checkpointer did; read it to see skips, stalls and the interval."""
+
+    snapshots: int = 0
+    """Snapshots started."""
+    skipped: int = 0
+    """Checkpoints that were due while the previous persist was still running (skipped,
+    so training never waits); the next due step tries again."""
+    committed: int = 0
+    failed: int = 0
+    interval: int | None = None
+    """Current interval in steps (``every`` or the policy's choice)."""
+    stalls_s: list[float] = field(default_factory=list)
+    """Blocking time per checkpoint: the snapshot start plus waits in the optimizer hook."""
+    last_step: int | None = None
+    """Newest committed step."""
+
+
+class Checkpointer:
+    """Frequent, asynchronous, exact checkpoints of a training job.
+
+    Args:
+        uri: a local path or fsspec URL (``file://``, ``memory://``, ``s3://``, ``gs://``…).
+        state: name -> object with ``state_dict()``/``load_state_dict()`` (modules,
+            optimizers, LR schedulers, stateful data loaders).
+        every: checkpoint every N steps, or ``"auto"`` for CheckFreq's policy: measure the
+            step time and what a checkpoint costs, then pick the smallest interval whose
+            overhead stays under ``max_overhead`` and lets each persist finish in time.
+        max_overhead: fraction of training time checkpoints may take (``every="auto"``).
+        codec: a codec name for every tensor, or ``{glob on fqn: name}`` (first match wins).
+        keep: committed checkpoints to retain (0 keeps all).
+        rng: also save and restore the torch, CUDA, numpy and Python RNG states.
+        coordinator: URL of a checkflow coordinator; ``job`` names the job there.
+        process_group: the job's process group (default: the default group when
+            ``torch.distributed`` is initialized).
+        full_every: with incremental codecs, a full checkpoint at least every N deltas.
+        storage_options: passed to fsspec (credentials, endpoint).
+        token: bearer token for the coordinator.
+
+    Raises:
+        ValueError / TypeError: a bad argument, before anything is written.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        state: Mapping[str, Any],
+        *,
+        every: int | str = "auto",
+        max_overhead: float = 0.035,
+        codec: str | Mapping[str, str] = "exact",
+        keep: int = 3,
+        rng: bool = True,
+        coordinator: str | None = None,
+        job: str | None = None,
+        process_group: Any = None,
+        full_every: int = 10,
+        storage_options: dict[str, Any] | None = None,
+        token: str | None = None,
+    ) -> None:
+        if every != "auto" and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+            raise ValueError(f"every must be a positive int or 'auto', got {every!r}")
+        if not 0 < max_overhead <= 1:
+            raise ValueError(f"max_overhead must be in (0, 1], got {max_overhead}")
+        if not isinstance(keep, int) or keep < 0:
+            raise ValueError(f"keep must be >= 0 (0 keeps every checkpoint), got {keep!r}")
+        if full_every < 1:
+            raise ValueError(f"full_every must be >= 1, got {full_every}")
+        if coordinator is not None and not job:
+            raise ValueError("coordinator= needs job= (the job's name on the coordinator)")
+        check_state(state)
+        self.state = dict(state)
+        self.every = every
+        self.max_overhead = max_overhead
+        self.keep = keep
+        self.rng = rng
+        self.full_every = full_every
+        self.codecs = CodecRules(codec)
+        self.storage = Storage(uri, storage_options=storage_options)
+        self.group = distributed.resolve_group(process_group)
+        self.rank, self.world_size = distributed.rank_and_world(self.group)
+        self.coordinator_url = coordinator
+        self.job = job
+        self.token = token
+        self.stats = CheckpointStats(interval=every if isinstance(every, int) else None)
+        self._tuner = FrequencyTuner(max_overhead=max_overhead) if every == "auto" else None
+        self._optimizers = [o for o in self.state.values() if isinstance(o, torch.optim.Optimizer)]
+        self._step = 0
+        self._last_checkpoint_step = 0
+        self._last_step_end: float | None = None
+        self._opened = False
+        self._client: Any = None
+        self._registration: Any = None
+        self._snapshotter: Snapshotter | None = None
+        self._persist: PersistWorker | None = None
+        self._hooks: list[Any] = []
+        self._current: Snapshot | None = None
+        self._pending: list[Future[int]] = []
+        self._measure: _CheckpointCost | None = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> Checkpointer:
+        self.open()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(raise_errors=exc_type is None)
+
+    def open(self) -> None:
+        """Start the background threads and hooks (``with`` does this)."""
+        if self._opened:
+            return
+        self._opened = True
+        self._snapshotter = Snapshotter()
+        self._persist = PersistWorker(
+            self.storage,
+            rank=self.rank,
+            world_size=self.world_size,
+            codecs=self.codecs,
+            commit=self._commit_protocol(),
+            keep=self.keep,
+            full_every=self.full_every,
+            on_persisted=self._on_persisted,
+        )
+        for opt in self._optimizers:
+            self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
+        if self.coordinator_url:
+            self._connect()
+
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Wait for in-flight checkpoints, then stop threads and remove hooks."""
+        if not self._opened:
+            return
+        try:
+            self.wait() if raise_errors else self._wait_quietly()
+        finally:
+            self._opened = False
+            for h in self._hooks:
+                h.remove()
+            self._hooks.clear()
+            assert self._persist is not None and self._snapshotter is not None
+            self._persist.close()
+            self._snapshotter.close()
+            if self._client is not None:
+                self._client.close()
+
+    def _commit_protocol(self) -> CommitProtocol:
+        local: CommitProtocol = (
+            SingleProcessCommit()
+            if self.world_size == 1
+            else distributed.StoreCommit(self.group, self.storage.uri)
+        )
+        if self.coordinator_url:
+            return _CoordinatorCommit(self, local)
+        return local
+
+    def _connect(self) -> None:
+        from checkflow.client import CoordinatorClient
+
+        self._client = CoordinatorClient(
+            self.coordinator_url,
+            self.job,
+            self.rank,
+            self.world_size,
+            token=self.token,
+            storage_uri=self.storage.uri,
+            max_overhead=self.max_overhead,
+        )
+        self._registration = self._client.register()
+        self._client.start()
+
+    # -- restore ---------------------------------------------------------------------------
+    def restore(self, step: int | None = None) -> int:
+        """Load the newest committed checkpoint (or ``step``) into the state objects.
+
+        A checkpoint that fails verification is skipped with a warning and the next older
+        one is tried. With a coordinator, its restore point is the default.
+
+        Returns:
+            The number of completed steps of the restored checkpoint; 0 when there is none.
+        """
+        self.open()
+        if step is None and self._registration is not None:
+            step = self._registration.restore_step
+        steps = sorted(committed_steps(self.storage), reverse=True)
+        if step is not None:
+            if step not in steps:
+                raise NoCheckpointError(
+                    f"no committed checkpoint at step {step} in {self.storage.uri}"
+                )
+            steps = [s for s in steps if s <= step]
+        reader = CheckpointReader(self.storage)
+        for candidate in steps:
+            try:
+                state_dicts = distributed.read_state_dicts(reader, candidate, self.rank)
+            except RESTORE_ERRORS as e:
+                warnings.warn(
+                    f"checkpoint step {candidate} in {self.storage.uri} cannot be restored ({e}); "
+                    "falling back to the next older checkpoint",
+                    stacklevel=2,
+                )
+                continue
+            meta = state_dicts.pop(META_KEY, {})
+            load_into(self.state, state_dicts)
+            self._step = int(meta.get("step", candidate))
+            self._last_checkpoint_step = self._step
+            self._last_step_end = None
+            log.info("restored step %d from %s", self._step, self.storage.uri)
+            return self._step
+        if steps:
+            warnings.warn(
+                f"no checkpoint in {self.storage.uri} could be restored; starting at 0",
+                stacklevel=2,
+            )
+        return 0
+
+    # -- the training loop -----------------------------------------------------------------
+    @property
+    def current_step(self) -> int:
+        """Completed steps so far (restored + counted by ``step()``)."""
+        return self._step
+
+    def step(self) -> Future[int] | None:
+        """Count one completed training step; start a checkpoint if one is due.
+
+        Returns:
+            The checkpoint's future (resolves to its step when committed), or None.
+        """
+        if not self._opened:
+            self.open()
+        now = time.perf_counter()
+        self._observe(now)
+        self._step += 1
+        future = self._checkpoint(force=False) if self._due() else None
+        self._last_step_end = time.perf_counter()
+        return future
+
+    def save(self) -> Future[int]:
+        """Checkpoint the current step now (waits for a persist still in flight first)."""
+        if not self._opened:
+            self.open()
+        future = self._checkpoint(force=True)
+        assert future is not None
+        return future
+
+    def wait(self) -> None:
+        """Block until every checkpoint in flight is committed.
+
+        Raises:
+            Exception: the first error of a failed persist.
+        """
+        pending, self._pending = self._pending, []
+        errors = []
+        for f in pending:
+            try:
+                f.result()
+            except Exception as e:  # collect, so that every future is waited for
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def _wait_quietly(self) -> None:
+        try:
+            self.wait()
+        except Exception as e:  # the training error that is unwinding matters more
+            log.error("a checkpoint failed while exiting: %s", e)
+
+    def _due(self) -> bool:
+        if self._client is not None and self._client.next_checkpoint_step is not None:
+            nxt = self._client.next_checkpoint_step
+            if self._step >= nxt > self._last_checkpoint_step:
+                return True
+        if isinstance(self.every, int):
+            return self._step % self.every == 0
+        assert self._tuner is not None
+        interval = self._tuner.interval
+        if self._client is not None and self._client.interval:
+            interval = self._client.interval
+        return self._step - self._last_checkpoint_step >= interval
+
+    def _checkpoint(self, *, force: bool) -> Future[int] | None:
+        assert self._persist is not None and self._snapshotter is not None
+        if self._persist.busy:
+            if not force:
+                # Host buffers are still being written out: reusing them now would corrupt
+                # that checkpoint, and waiting would stall training. Skip; try again later.
+                self.stats.skipped += 1
+                log.warning(
+                    "checkpoint at step %d skipped: the previous persist is still running "
+                    "(%d skipped so far)",
+                    self._step,
+                    self.stats.skipped,
+                )
+                return None
+            self.wait()
+            while self._persist.busy:
+                time.sleep(0.001)
+        t0 = time.perf_counter()
+        flat = flatten(self.state, rng=self.rng)
+        flat.skeleton[META_KEY] = {"step": self._step}
+        snap = self._snapshotter.take(self._step, flat, protected_pointers(self._optimizers))
+        self._current = snap
+        future = self._persist.submit(snap)
+        self._pending = [f for f in self._pending if not f.done()] + [future]
+        self._last_checkpoint_step = self._step
+        self.stats.snapshots += 1
+        stall = time.perf_counter() - t0
+        self.stats.stalls_s.append(stall)
+        self._measure = _CheckpointCost(step=self._step, stall_s=stall)
+        return future
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        snap = self._current
+        if snap is None:
+            return
+        waited = snap.block_optimizer()
+        self._current = None
+        if waited and self.stats.stalls_s:
+            self.stats.stalls_s[-1] += waited
+            if self._measure is not None:
+                self._measure.stall_s += waited
+
+    def _observe(self, now: float) -> None:
+        """Feed the policy: step times, and each checkpoint's cost once it committed."""
+        if self._last_step_end is None:
+            return
+        dt = now - self._last_step_end
+        m = self._measure
+        if self._tuner is None:
+            return
+        if m is None:
+            self._tuner.observe_iteration(dt)
+            return
+        baseline = self._tuner.iteration_s
+        if baseline is not None:
+            m.slowdown_s += max(0.0, dt - baseline)
+        if m.persist_s is not None:
+            self._tuner.observe_checkpoint(m.stall_s + m.slowdown_s, m.persist_s)
+            self._measure = None
+            if self._tuner.update():
+                p = self._tuner.profile
+                assert p is not None
+                log.info(
+                    "checkpoint interval now %d steps (step %.4fs, cost %.4fs, persist %.4fs, "
+                    "budget %.1f%%)",
+                    self._tuner.interval,
+                    p.iteration_s,
+                    p.cost_s,
+                    p.persist_s,
+                    100 * self.max_overhead,
+                )
+            self.stats.interval = self._tuner.interval
+        if self._client is not None:
+            self._client.report_progress(self._step, dt, m.stall_s, m.persist_s or 0.0)
+
+    def _on_persisted(self, result: RankResult) -> None:
+        # Runs on the persist thread.
+        self.stats.committed += 1
+        self.stats.last_step = result.step
+        m = self._measure
+        if m is not None and m.step == result.step:
+            m.persist_s = result.duration_s
+
+
+@dataclass(slots=True)
+class _CheckpointCost:
+    step: int
+    stall_s: float
+    slowdown_s: float = 0.0
+    persist_s: float | None = None
+
+
+class _CoordinatorCommit(CommitProtocol):
+    """Asks the coordinator which rank commits; falls back to ``local`` when it is down."""
+
+    def __init__(self, owner: Checkpointer, local: CommitProtocol) -> None:
+        self.owner = owner
+        self.local = local
+
+    def rank_persisted(self, step: int, rank: RankResult) -> bool:
+        client = self.owner._client
+        answer = None
+        if client is not None:
+            answer = client.report_persisted(step, rank.nbytes, rank.duration_s, rank.manifest_path)
+        if answer is None:
+            return self.local.rank_persisted(step, rank)
+        return bool(answer)

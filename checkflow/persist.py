@@ -1,0 +1,445 @@
+"""Phase 2: encode, checksum and write a snapshot in the background, then commit.
+
+One ``PersistWorker`` thread per rank takes snapshots in order. For each it encodes every
+tensor chunk (≤ 64 MiB), writes the chunks into data files, writes the rank manifest, and
+asks the ``CommitProtocol`` whether it is the rank that writes ``MANIFEST.json`` (the commit:
+only once every rank's manifest is stored). The committing rank then applies retention.
+Nothing here ever runs on the training thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import xxhash
+
+from checkflow import manifest as mf
+from checkflow.codec import CodecRules, get_codec
+from checkflow.codec.base import Buffer, dtype_name
+from checkflow.snapshot import Snapshot
+from checkflow.storage import Storage
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 64 << 20
+"""Largest encoded box of a tensor (smaller boxes read faster when resharding)."""
+FILE_BYTES = 64 << 20
+"""A data file is closed and written once it holds this much."""
+
+
+def checksum(parts: list[Buffer]) -> str:
+    h = xxhash.xxh3_64()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()
+
+
+def chunk_boxes(
+    shape: tuple[int, ...], itemsize: int, limit: int = CHUNK_BYTES
+) -> list[tuple[int, int]]:
+    """Split along dim 0 into ``[start, stop)`` row ranges of at most ``limit`` bytes each.
+
+    A single row larger than ``limit`` stays whole: rows are the unit a reader slices.
+    """
+    if not shape:
+        return [(0, 1)]
+    rows = shape[0]
+    row_bytes = itemsize * math.prod(shape[1:])
+    if rows == 0 or row_bytes * rows <= limit:
+        return [(0, rows)]
+    per = max(1, limit // max(1, row_bytes))
+    return [(s, min(rows, s + per)) for s in range(0, rows, per)]
+
+
+class CommitProtocol(ABC):
+    """Decides which rank writes a step's ``MANIFEST.json``.
+
+    Every rank's persist thread calls ``rank_persisted`` once per step, in step order, after
+    its rank manifest is stored. Exactly one rank gets True, and only once every rank of the
+    step has called it; that rank writes the global manifest.
+    """
+
+    @abstractmethod
+    def rank_persisted(self, step: int, rank: RankResult) -> bool:
+        """Record that ``rank`` stored its part of ``step``; True means: commit it now."""
+
+
+class SingleProcessCommit(CommitProtocol):
+    def rank_persisted(self, step: int, rank: RankResult) -> bool:
+        return True
+
+
+@dataclass(slots=True)
+class RankResult:
+    step: int
+    rank: int
+    manifest_path: str
+    nbytes: int
+    duration_s: float
+
+
+@dataclass(slots=True)
+class PersistJob:
+    snapshot: Snapshot
+    future: Future[int]
+    full: bool = False
+    """Force a full (non-delta) checkpoint."""
+
+
+@dataclass(slots=True)
+class PersistStats:
+    committed: int = 0
+    failed: int = 0
+    bytes_written: int = 0
+    last_persist_s: float = 0.0
+    last_bytes: int = 0
+    last_kind: str = ""
+    persist_times: list[float] = field(default_factory=list)
+
+
+class PersistWorker:
+    """Background thread that persists snapshots for one rank, in order.
+
+    Args:
+        storage: where checkpoints go.
+        rank, world_size: this process's place in the job.
+        codecs: which codec each tensor gets.
+        commit: who writes the global manifest.
+        keep: committed checkpoints to retain (0 keeps all); applied by the committing rank.
+        full_every: a full checkpoint at least every this many deltas.
+        chain_budget: a full checkpoint whenever the deltas since the last full one add up
+            to more than this fraction of it.
+        on_persisted: called on this thread with each ``RankResult`` (reports, stats).
+        on_done: called with the snapshot when its buffers may be reused.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        codecs: CodecRules,
+        commit: CommitProtocol,
+        keep: int = 3,
+        full_every: int = 10,
+        chain_budget: float = 0.5,
+        on_persisted: Callable[[RankResult], None] | None = None,
+        on_done: Callable[[Snapshot], None] | None = None,
+        meta: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.rank = rank
+        self.world_size = world_size
+        self.codecs = codecs
+        self.commit = commit
+        self.keep = keep
+        self.full_every = full_every
+        self.chain_budget = chain_budget
+        self.on_persisted = on_persisted
+        self.on_done = on_done
+        self.meta = meta
+        self.stats = PersistStats()
+        self._queue: queue.Queue[PersistJob | None] = queue.Queue()
+        self._busy = threading.Event()
+        self._refs: dict[tuple[str, int], Any] = {}
+        self._ref_step: int | None = None
+        self._deltas_since_full = 0
+        self._full_bytes = 0
+        self._chain_bytes = 0
+        self._thread = threading.Thread(target=self._run, name="checkflow-persist", daemon=True)
+        self._thread.start()
+
+    # -- training-thread side --------------------------------------------------------------
+    def submit(self, snapshot: Snapshot, *, full: bool = False) -> Future[int]:
+        """Queue ``snapshot``; the future resolves to its step once committed (or raises)."""
+        future: Future[int] = Future()
+        self._busy.set()
+        self._queue.put(PersistJob(snapshot, future, full))
+        return future
+
+    @property
+    def busy(self) -> bool:
+        """True while a snapshot is queued or being persisted (its buffers are in use)."""
+        return self._busy.is_set()
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    # -- the thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                job.snapshot.wait()
+                step = self._persist(job)
+            except BaseException as e:  # a failed persist must not kill the worker
+                self.stats.failed += 1
+                self._reset_chain()
+                log.error("checkpoint of step %d failed: %s", job.snapshot.step, e)
+                job.future.set_exception(e)
+            else:
+                job.future.set_result(step)
+            finally:
+                if self.on_done is not None:
+                    self.on_done(job.snapshot)
+                if self._queue.empty():
+                    self._busy.clear()
+
+    def _reset_chain(self) -> None:
+        # After a failure the step this rank's refs point at may never commit: start over.
+        self._refs.clear()
+        self._ref_step = None
+        self._deltas_since_full = 0
+
+    def _want_full(self, job: PersistJob) -> bool:
+        if job.full or self._ref_step is None or not self._refs:
+            return True
+        if self._deltas_since_full >= self.full_every:
+            return True
+        return self._full_bytes > 0 and self._chain_bytes > self.chain_budget * self._full_bytes
+
+    def _persist(self, job: PersistJob) -> int:
+        snap = job.snapshot
+        t0 = time.perf_counter()
+        full = self._want_full(job)
+        folder = mf.step_dir(snap.step)
+        writer = _DataFileWriter(self.storage, folder, self.rank)
+        new_refs: dict[tuple[str, int], Any] = {}
+        chunks: list[mf.ChunkEntry] = []
+        for fqn, tensor in snap.tensors.items():
+            chunks.extend(self._encode_tensor(fqn, tensor, writer, full, new_refs))
+        objects = [writer.add_object("skeleton", _pickle(snap.skeleton))]
+        writer.flush()
+        rank_manifest = mf.RankManifest(
+            step=snap.step,
+            rank=self.rank,
+            world_size=self.world_size,
+            created=time.time(),
+            chunks=chunks,
+            objects=objects,
+            nbytes=writer.total,
+        )
+        manifest_path = f"{folder}/{mf.rank_manifest_name(self.rank)}"
+        self.storage.put(manifest_path, [rank_manifest.to_json()])
+        is_delta = any(c.base_step is not None for c in chunks)
+        self._refs = new_refs
+        self._ref_step = snap.step
+        if is_delta:
+            self._deltas_since_full += 1
+            self._chain_bytes += writer.total
+        else:
+            self._deltas_since_full = 0
+            self._full_bytes = writer.total
+            self._chain_bytes = 0
+        result = RankResult(
+            snap.step, self.rank, manifest_path, writer.total, time.perf_counter() - t0
+        )
+        if self.commit.rank_persisted(snap.step, result):
+            write_commit(
+                self.storage, snap.step, self.world_size, meta=self.meta() if self.meta else {}
+            )
+            if self.keep:
+                apply_retention(self.storage, self.keep)
+        duration = time.perf_counter() - t0
+        self.stats.committed += 1
+        self.stats.bytes_written += writer.total
+        self.stats.last_bytes = writer.total
+        self.stats.last_persist_s = duration
+        self.stats.last_kind = "delta" if is_delta else "full"
+        self.stats.persist_times.append(duration)
+        result.duration_s = duration
+        if self.on_persisted is not None:
+            self.on_persisted(result)
+        return snap.step
+
+    def _encode_tensor(
+        self,
+        fqn: str,
+        tensor: torch.Tensor,
+        writer: _DataFileWriter,
+        full: bool,
+        new_refs: dict[tuple[str, int], Any],
+    ) -> list[mf.ChunkEntry]:
+        name = self.codecs.name_for(fqn, tensor)
+        codec = get_codec(name)
+        shape = tuple(tensor.shape)
+        entries = []
+        for start, stop in chunk_boxes(shape, tensor.element_size()):
+            box = tensor.reshape(1) if not shape else tensor[start:stop]
+            ref = None if full or not codec.incremental else self._refs.get((fqn, start))
+            encoded, new_ref = codec.encode(box, ref)
+            if codec.incremental:
+                new_refs[(fqn, start)] = new_ref
+            file, offset = writer.add(encoded.data)
+            entries.append(
+                mf.ChunkEntry(
+                    fqn=fqn,
+                    dtype=dtype_name(tensor.dtype),
+                    global_shape=list(shape),
+                    offset=[start] + [0] * (len(shape) - 1) if shape else [],
+                    shape=list(box.shape) if shape else [],
+                    codec=name,
+                    params=encoded.params,
+                    file=file,
+                    byte_offset=offset,
+                    nbytes=encoded.nbytes,
+                    checksum=checksum(encoded.data),
+                    base_step=self._ref_step if encoded.delta else None,
+                )
+            )
+        return entries
+
+
+class _DataFileWriter:
+    """Packs encoded chunks into ``rank-RRRRR-III.chunks`` files of about ``FILE_BYTES``."""
+
+    def __init__(self, storage: Storage, folder: str, rank: int) -> None:
+        self.storage = storage
+        self.folder = folder
+        self.rank = rank
+        self.index = 0
+        self.parts: list[Buffer] = []
+        self.size = 0
+        self.total = 0
+
+    @property
+    def name(self) -> str:
+        return mf.rank_chunks_name(self.rank, self.index)
+
+    def add(self, data: list[Buffer]) -> tuple[str, int]:
+        nbytes = sum(memoryview(d).nbytes for d in data)
+        if self.size and self.size + nbytes > FILE_BYTES:
+            self.flush()
+        offset = self.size
+        self.parts.extend(data)
+        self.size += nbytes
+        return self.name, offset
+
+    def add_object(self, fqn: str, payload: bytes) -> mf.ObjectEntry:
+        file, offset = self.add([payload])
+        return mf.ObjectEntry(
+            fqn=fqn,
+            file=file,
+            byte_offset=offset,
+            nbytes=len(payload),
+            checksum=checksum([payload]),
+        )
+
+    def flush(self) -> None:
+        if not self.parts:
+            return
+        self.total += self.storage.put(f"{self.folder}/{self.name}", self.parts)
+        self.parts = []
+        self.size = 0
+        self.index += 1
+
+
+def _pickle(obj: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def write_commit(
+    storage: Storage, step: int, world_size: int, *, meta: dict[str, Any]
+) -> mf.GlobalManifest:
+    """Write ``MANIFEST.json`` for ``step`` once every rank manifest is stored.
+
+    Raises:
+        RuntimeError: a rank manifest is missing (the step must stay uncommitted).
+    """
+    folder = mf.step_dir(step)
+    names = [mf.rank_manifest_name(r) for r in range(world_size)]
+    ranks = [
+        mf.RankManifest.from_json(storage.read(f"{folder}/{n}"), where=storage.url(f"{folder}/{n}"))
+        for n in names
+    ]
+    bases = sorted(set().union(*(r.base_steps for r in ranks)))
+    manifest = mf.GlobalManifest(
+        step=step,
+        world_size=world_size,
+        created=time.time(),
+        kind="delta" if bases else "full",
+        base_steps=bases,
+        nbytes=sum(r.nbytes for r in ranks),
+        ranks=names,
+        meta=meta,
+    )
+    storage.put(f"{folder}/{mf.MANIFEST}", [manifest.to_json()])
+    log.info("committed step %d (%s, %d bytes)", step, manifest.kind, manifest.nbytes)
+    return manifest
+
+
+def committed_steps(storage: Storage) -> dict[int, mf.GlobalManifest]:
+    """Every committed checkpoint under the root, by step. Unreadable manifests are skipped."""
+    out: dict[int, mf.GlobalManifest] = {}
+    for name in storage.listdir():
+        step = mf.parse_step_dir(name)
+        if step is None:
+            continue
+        path = f"{name}/{mf.MANIFEST}"
+        try:
+            out[step] = mf.GlobalManifest.from_json(storage.read(path), where=storage.url(path))
+        except FileNotFoundError:
+            continue  # not committed: invisible
+        except (mf.ManifestError, OSError) as e:
+            log.warning("ignoring %s: %s", storage.url(path), e)
+    return dict(sorted(out.items()))
+
+
+def retention_plan(
+    steps: dict[int, mf.GlobalManifest], all_folders: list[int], keep: int
+) -> tuple[list[int], list[int]]:
+    """(steps to keep, step folders to delete) for ``keep`` newest committed checkpoints.
+
+    A base that a kept delta needs is kept, transitively. Folders without a commit are
+    deleted only below the newest committed step: above it they may still be in flight.
+    """
+    committed = sorted(steps)
+    wanted = set(committed[-keep:]) if keep else set(committed)
+    todo = list(wanted)
+    while todo:
+        s = todo.pop()
+        for base in steps[s].base_steps if s in steps else []:
+            if base not in wanted:
+                wanted.add(base)
+                todo.append(base)
+    newest = committed[-1] if committed else -1
+    delete = [s for s in all_folders if s not in wanted and (s in steps or s < newest)]
+    return sorted(wanted), sorted(delete)
+
+
+def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> list[int]:
+    """Delete checkpoints beyond the ``keep`` newest committed ones (and abandoned partial
+    folders). Returns the deleted steps. Never touches the newest committed checkpoint."""
+    steps = committed_steps(storage)
+    folders = [s for s in (mf.parse_step_dir(n) for n in storage.listdir()) if s is not None]
+    _, delete = retention_plan(steps, folders, keep)
+    if dry_run:
+        return delete
+    for step in delete:
+        try:
+            # The commit marker goes first: a half-deleted checkpoint is then invisible.
+            storage.delete(f"{mf.step_dir(step)}/{mf.MANIFEST}")
+            storage.delete(mf.step_dir(step))
+        except OSError as e:
+            # A failed deletion must not fail the checkpoint that triggered it.
+            log.warning("could not delete %s: %s", storage.url(mf.step_dir(step)), e)
+    return delete

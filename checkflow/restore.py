@@ -1,0 +1,302 @@
+"""The read path: find committed checkpoints, verify them, follow delta chains, assemble tensors.
+
+A step is readable only once its ``MANIFEST.json`` exists. Every chunk read is checked
+against its checksum before it is decoded; a mismatch raises ``CorruptCheckpointError``
+naming the step, rank, tensor and file.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import xxhash
+
+from checkflow import manifest as mf
+from checkflow.codec import get_codec
+from checkflow.codec.base import CodecError, dtype_from_name
+from checkflow.persist import committed_steps
+from checkflow.state import iter_refs, unflatten
+from checkflow.storage import Storage, StorageError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]
+"""Called with the number of bytes just read."""
+
+
+class NoCheckpointError(FileNotFoundError):
+    """There is no committed checkpoint (at that step)."""
+
+
+class CorruptCheckpointError(RuntimeError):
+    """Stored bytes do not match their checksum, are truncated, or cannot be decoded."""
+
+    def __init__(self, step: int, rank: int, fqn: str, file: str, problem: str) -> None:
+        self.step, self.rank, self.fqn, self.file = step, rank, fqn, file
+        super().__init__(f"step {step}, rank {rank}, tensor {fqn!r}, file {file}: {problem}")
+
+
+RESTORE_ERRORS = (
+    CorruptCheckpointError,
+    mf.ManifestError,
+    StorageError,
+    CodecError,
+    OSError,
+    KeyError,
+)
+"""What makes ``restore`` fall back to an older checkpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    step: int
+    created: float
+    nbytes: int
+    kind: str
+    base_steps: tuple[int, ...]
+    world_size: int
+
+
+def open_storage(uri: str | Storage, storage_options: dict[str, Any] | None = None) -> Storage:
+    return uri if isinstance(uri, Storage) else Storage(uri, storage_options=storage_options)
+
+
+def list_checkpoints(
+    uri: str | Storage, *, storage_options: dict[str, Any] | None = None
+) -> list[CheckpointInfo]:
+    """Committed checkpoints under ``uri``, oldest first."""
+    storage = open_storage(uri, storage_options)
+    return [
+        CheckpointInfo(
+            step=s,
+            created=m.created,
+            nbytes=m.nbytes,
+            kind=m.kind,
+            base_steps=tuple(m.base_steps),
+            world_size=m.world_size,
+        )
+        for s, m in committed_steps(storage).items()
+    ]
+
+
+class CheckpointReader:
+    """Reads one checkpoint root; caches manifests; follows delta chains."""
+
+    def __init__(self, storage: Storage, progress: Progress | None = None) -> None:
+        self.storage = storage
+        self.progress = progress
+        self._globals: dict[int, mf.GlobalManifest] = {}
+        self._ranks: dict[tuple[int, int], mf.RankManifest] = {}
+
+    # -- manifests -------------------------------------------------------------------------
+    def manifest(self, step: int) -> mf.GlobalManifest:
+        if step not in self._globals:
+            path = f"{mf.step_dir(step)}/{mf.MANIFEST}"
+            try:
+                data = self.storage.read(path)
+            except FileNotFoundError:
+                raise NoCheckpointError(
+                    f"no committed checkpoint at step {step} in {self.storage.uri}"
+                ) from None
+            self._globals[step] = mf.GlobalManifest.from_json(data, where=self.storage.url(path))
+        return self._globals[step]
+
+    def rank_manifest(self, step: int, rank: int) -> mf.RankManifest:
+        key = (step, rank)
+        if key not in self._ranks:
+            world = self.manifest(step).world_size
+            if not 0 <= rank < world:
+                raise KeyError(f"step {step} was saved by {world} ranks; there is no rank {rank}")
+            path = f"{mf.step_dir(step)}/{mf.rank_manifest_name(rank)}"
+            try:
+                data = self.storage.read(path)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(
+                    step, rank, "*", mf.rank_manifest_name(rank), "rank manifest is missing"
+                ) from None
+            self._ranks[key] = mf.RankManifest.from_json(data, where=self.storage.url(path))
+        return self._ranks[key]
+
+    def rank_manifests(self, step: int) -> list[mf.RankManifest]:
+        return [self.rank_manifest(step, r) for r in range(self.manifest(step).world_size)]
+
+    # -- bytes -----------------------------------------------------------------------------
+    def _read_checked(
+        self, step: int, rank: int, fqn: str, file: str, offset: int, nbytes: int, digest: str
+    ) -> bytearray:
+        path = f"{mf.step_dir(step)}/{file}"
+        try:
+            data = self.storage.read(path, offset, offset + nbytes)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(step, rank, fqn, file, "data file is missing") from None
+        except StorageError as e:
+            raise CorruptCheckpointError(step, rank, fqn, file, str(e)) from e
+        if xxhash.xxh3_64_hexdigest(data) != digest:
+            raise CorruptCheckpointError(
+                step, rank, fqn, file, f"checksum mismatch in bytes {offset}..{offset + nbytes}"
+            )
+        if self.progress is not None:
+            self.progress(nbytes)
+        return data
+
+    def chunk(self, step: int, rank: int, entry: mf.ChunkEntry) -> torch.Tensor:
+        """Decode one chunk, following its delta chain to the base."""
+        data = self._read_checked(
+            step, rank, entry.fqn, entry.file, entry.byte_offset, entry.nbytes, entry.checksum
+        )
+        base = None
+        if entry.base_step is not None:
+            base = self.chunk(entry.base_step, rank, self._base_entry(entry, rank))
+        try:
+            return get_codec(entry.codec).decode(
+                data,
+                entry.params,
+                dtype=dtype_from_name(entry.dtype),
+                shape=tuple(entry.shape),
+                base=base,
+            )
+        except (CodecError, ValueError, RuntimeError) as e:
+            raise CorruptCheckpointError(
+                step, rank, entry.fqn, entry.file, f"cannot decode: {e}"
+            ) from e
+
+    def _base_entry(self, entry: mf.ChunkEntry, rank: int) -> mf.ChunkEntry:
+        assert entry.base_step is not None
+        try:
+            base = self.rank_manifest(entry.base_step, rank)
+        except NoCheckpointError:
+            raise CorruptCheckpointError(
+                entry.base_step,
+                rank,
+                entry.fqn,
+                mf.MANIFEST,
+                "the base of a delta is not committed (was it deleted?)",
+            ) from None
+        for c in base.chunks:
+            if c.fqn == entry.fqn and c.offset == entry.offset:
+                return c
+        raise CorruptCheckpointError(
+            entry.base_step,
+            rank,
+            entry.fqn,
+            mf.rank_manifest_name(rank),
+            "the base of a delta has no matching chunk",
+        )
+
+    def skeleton(self, step: int, rank: int = 0) -> dict[str, Any]:
+        rm = self.rank_manifest(step, rank)
+        obj = next((o for o in rm.objects if o.fqn == "skeleton"), None)
+        if obj is None:
+            raise CorruptCheckpointError(
+                step, rank, "skeleton", mf.rank_manifest_name(rank), "missing"
+            )
+        data = self._read_checked(
+            step, rank, obj.fqn, obj.file, obj.byte_offset, obj.nbytes, obj.checksum
+        )
+        return torch.load(io.BytesIO(data), weights_only=False)
+
+    # -- tensors ---------------------------------------------------------------------------
+    def tensors(self, step: int, fqns: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Full tensors assembled from every rank's chunks (all of them when ``fqns`` is None)."""
+        wanted = set(fqns) if fqns is not None else None
+        boxes: dict[str, list[tuple[int, mf.ChunkEntry]]] = {}
+        for rm in self.rank_manifests(step):
+            for c in rm.chunks:
+                if wanted is None or c.fqn in wanted:
+                    boxes.setdefault(c.fqn, []).append((rm.rank, c))
+        if wanted is not None and (missing := wanted - boxes.keys()):
+            raise KeyError(f"step {step} has no tensor {sorted(missing)[0]!r}")
+        return {fqn: self._assemble(step, parts) for fqn, parts in boxes.items()}
+
+    def _assemble(self, step: int, parts: list[tuple[int, mf.ChunkEntry]]) -> torch.Tensor:
+        first = parts[0][1]
+        if len(parts) == 1 and first.shape == first.global_shape:
+            return self.chunk(step, parts[0][0], first)
+        out = torch.empty(first.global_shape, dtype=dtype_from_name(first.dtype))
+        covered = 0
+        for rank, c in parts:
+            region = out
+            for dim, (o, n) in enumerate(zip(c.offset, c.shape, strict=True)):
+                region = region.narrow(dim, o, n)
+            region.copy_(self.chunk(step, rank, c))
+            covered += math.prod(c.shape)
+        if covered < out.numel():
+            raise CorruptCheckpointError(
+                step,
+                parts[0][0],
+                first.fqn,
+                first.file,
+                f"chunks cover {covered} of {out.numel()} elements",
+            )
+        return out
+
+    def state_dicts(self, step: int, rank: int = 0) -> dict[str, Any]:
+        """``{name: state_dict}`` of ``rank``'s objects with full tensors."""
+        skeleton = self.skeleton(step, rank)
+        return unflatten(skeleton, self.tensors(step, set(iter_refs(skeleton))))
+
+    # -- verification ----------------------------------------------------------------------
+    def verify(self, step: int) -> list[str]:
+        """Read and decode every chunk of ``step``; return the problems found (empty = good)."""
+        problems: list[str] = []
+        try:
+            ranks = self.rank_manifests(step)
+        except RESTORE_ERRORS as e:
+            return [f"step {step}: {e}"]
+        for rm in ranks:
+            for o in rm.objects:
+                try:
+                    self._read_checked(
+                        step, rm.rank, o.fqn, o.file, o.byte_offset, o.nbytes, o.checksum
+                    )
+                except CorruptCheckpointError as e:
+                    problems.append(str(e))
+            for c in rm.chunks:
+                try:
+                    self.chunk(step, rm.rank, c)
+                except CorruptCheckpointError as e:
+                    problems.append(str(e))
+        return problems
+
+
+def resolve_step(storage: Storage, step: int | None) -> int:
+    """``step`` itself when committed, else the newest committed step.
+
+    Raises:
+        NoCheckpointError: nothing is committed (at that step).
+    """
+    steps = committed_steps(storage)
+    if step is None:
+        if not steps:
+            raise NoCheckpointError(f"no committed checkpoint in {storage.uri}")
+        return max(steps)
+    if step not in steps:
+        have = ", ".join(str(s) for s in steps) or "none"
+        raise NoCheckpointError(
+            f"no committed checkpoint at step {step} in {storage.uri} (have: {have})"
+        )
+    return step
+
+
+def load(
+    uri: str | Storage,
+    step: int | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """``{name: state_dict}`` of a checkpoint, consolidated on CPU; the newest by default.
+
+    Raises:
+        NoCheckpointError: nothing is committed (at ``step``).
+        CorruptCheckpointError: a chunk fails its checksum or cannot be decoded.
+    """
+    storage = open_storage(uri, storage_options)
+    reader = CheckpointReader(storage, progress)
+    return reader.state_dicts(resolve_step(storage, step))

@@ -1,0 +1,179 @@
+"""Phase 1: copy the training state into host buffers that are allocated once and reused.
+
+The training thread calls ``Snapshotter.take`` and returns at once. Tensors that only an
+optimizer step changes (parameters and optimizer state, the *protected* ones) are copied in
+the background: on a CPU thread, or on a side CUDA stream ordered by events. Everything else
+(module buffers such as BatchNorm statistics, which the next forward pass changes in place)
+is copied before ``take`` returns. The optimizer step pre-hook calls
+``Snapshot.block_optimizer`` so weights never change under a copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from checkflow.state import FlatState
+
+log = logging.getLogger(__name__)
+
+
+class HostBufferPool:
+    """One host tensor per fqn, reused by every snapshot; pinned when the source is on CUDA."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self.allocations = 0
+        """How many buffers were allocated so far; constant in steady state."""
+
+    def buffer_for(self, fqn: str, source: torch.Tensor) -> torch.Tensor:
+        buf = self._buffers.get(fqn)
+        if buf is None or buf.shape != source.shape or buf.dtype != source.dtype:
+            pin = source.is_cuda
+            buf = torch.empty(source.shape, dtype=source.dtype, pin_memory=pin)
+            self._buffers[fqn] = buf
+            self.allocations += 1
+        return buf
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+
+@dataclass(eq=False)
+class Snapshot:
+    """One phase-1 copy: host tensors that become valid once ``wait`` returns."""
+
+    step: int
+    tensors: dict[str, torch.Tensor]
+    skeleton: dict[str, Any]
+    started: float = field(default_factory=time.perf_counter)
+    copied: float | None = None
+    """perf_counter time when every tensor was on the host."""
+    _cpu_done: Future[None] | None = None
+    _cuda_events: list[tuple[int, Any]] = field(default_factory=list)
+
+    def done(self) -> bool:
+        cpu = self._cpu_done is None or self._cpu_done.done()
+        return cpu and all(e.query() for _, e in self._cuda_events)
+
+    def wait(self) -> None:
+        """Block until every host tensor holds its copy (called by the persist thread)."""
+        if self._cpu_done is not None:
+            self._cpu_done.result()
+        for _, event in self._cuda_events:
+            event.synchronize()
+        if self.copied is None:
+            self.copied = time.perf_counter()
+
+    def block_optimizer(self) -> float:
+        """Make the next optimizer step wait for the copy; returns seconds the host waited.
+
+        CUDA copies are ordered on the device (the current stream waits on the copy's event),
+        so the host does not stall for them; a CPU copy in flight is waited for here.
+        """
+        for device, event in self._cuda_events:
+            torch.cuda.current_stream(device).wait_event(event)
+        if self._cpu_done is None or self._cpu_done.done():
+            return 0.0
+        t0 = time.perf_counter()
+        self._cpu_done.result()
+        return time.perf_counter() - t0
+
+
+class Snapshotter:
+    """Starts snapshots; owns the copy thread, the CUDA side streams and the buffer pool."""
+
+    def __init__(self) -> None:
+        self.pool = HostBufferPool()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkflow-copy")
+        self._streams: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def take(self, step: int, flat: FlatState, protected: set[int]) -> Snapshot:
+        """Start copying ``flat``; ``protected`` holds data pointers only an optimizer changes.
+
+        Returns as soon as the unprotected tensors are copied.
+        """
+        hosts: dict[str, torch.Tensor] = {}
+        background: list[tuple[torch.Tensor, torch.Tensor]] = []
+        by_cuda: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for fqn, src in flat.tensors.items():
+            src = src.detach()
+            if src.device.type == "xla":
+                # torch_xla: materialize pending graph work, then a synchronous transfer.
+                src = _xla_to_cpu(src)
+            dst = self.pool.buffer_for(fqn, src)
+            hosts[fqn] = dst
+            if src.is_cuda:
+                by_cuda.setdefault(src.device.index or 0, []).append((dst, src))
+            elif _data_ptr(src) in protected:
+                background.append((dst, src))
+            else:
+                dst.copy_(src)
+        snap = Snapshot(step=step, tensors=hosts, skeleton=flat.skeleton)
+        for device, pairs in by_cuda.items():
+            snap._cuda_events.append((device, self._copy_on_side_stream(device, pairs)))
+        if background:
+            snap._cpu_done = self._executor.submit(_copy_all, background)
+        return snap
+
+    def _copy_on_side_stream(
+        self, device: int, pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> Any:
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device=device)
+        # The side stream starts after the work already queued (the optimizer step that
+        # produced these weights) and the event lets the next step wait on the device only.
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return event
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for dst, src in pairs:
+            dst.copy_(src)
+
+
+def _data_ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, fake)
+        return 0
+
+
+def _xla_to_cpu(t: torch.Tensor) -> torch.Tensor:
+    import torch_xla.core.xla_model as xm  # only on TPU hosts
+
+    xm.mark_step()
+    return t.cpu()
+
+
+def protected_pointers(optimizers: list[torch.optim.Optimizer]) -> set[int]:
+    """Storage pointers of every parameter and optimizer-state tensor of ``optimizers``."""
+    out: set[int] = set()
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                out.add(_data_ptr(p))
+        for per_param in opt.state.values():
+            for v in per_param.values():
+                if isinstance(v, torch.Tensor):
+                    out.add(_data_ptr(v))
+    out.discard(0)
+    return out

@@ -1,0 +1,182 @@
+"""State objects <-> a flat ``{fqn: tensor}`` plus a skeleton of everything else.
+
+``flatten`` walks each object's ``state_dict()`` and pulls out every tensor under a dotted
+name (``model.layer.0.weight``, ``optim.state.0.exp_avg``). What is left, the *skeleton*,
+keeps the nesting and the small non-tensor values (step counters, hyper-parameters, sampler
+positions), with ``TensorRef`` placeholders where tensors were. ``unflatten`` puts loaded
+tensors back into the skeleton, and ``load_into`` hands each state_dict to its object.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+RNG_KEY = "rng"
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """Stands in a skeleton where a tensor was."""
+
+    fqn: str
+
+
+@dataclass(slots=True)
+class FlatState:
+    tensors: dict[str, torch.Tensor]
+    """Every tensor, by fqn, in state_dict order (they alias the live state)."""
+    skeleton: dict[str, Any]
+    """``{name: state_dict with TensorRef leaves}``; a deep copy, safe to keep."""
+
+
+def check_state(state: Mapping[str, Any]) -> None:
+    """Reject what ``flatten`` could not save, before any training happens.
+
+    Raises:
+        TypeError: an object has no ``state_dict``/``load_state_dict``.
+        ValueError: a name is empty, has a dot, or is reserved.
+    """
+    if not isinstance(state, Mapping) or not state:
+        raise TypeError("state must be a non-empty dict of name -> stateful object")
+    for name, obj in state.items():
+        if not isinstance(name, str) or not name or "." in name:
+            raise ValueError(f"state name {name!r} must be a non-empty string without dots")
+        if name == RNG_KEY:
+            raise ValueError(f"state name {RNG_KEY!r} is reserved for RNG states (rng=True)")
+        if not isinstance(obj, Stateful):
+            raise TypeError(
+                f"state[{name!r}] is a {type(obj).__name__}, which has no "
+                "state_dict()/load_state_dict(); wrap it in an object that has them"
+            )
+
+
+def flatten(state: Mapping[str, Any], *, rng: bool = False) -> FlatState:
+    """Snapshot the structure of ``state``; tensors are referenced, not copied."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton: dict[str, Any] = {}
+    for name, obj in state.items():
+        skeleton[name] = _extract(obj.state_dict(), name, tensors)
+    if rng:
+        skeleton[RNG_KEY] = _extract(rng_state(), RNG_KEY, tensors)
+    # The skeleton's small values (scheduler lists, sampler positions) may be mutated by the
+    # next training step while the persist runs; a deep copy freezes them now.
+    return FlatState(tensors=tensors, skeleton=copy.deepcopy(skeleton))
+
+
+def _extract(value: Any, fqn: str, out: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        if fqn in out:
+            raise ValueError(f"two tensors map to the same name {fqn!r}")
+        out[fqn] = value
+        return TensorRef(fqn)
+    if isinstance(value, Mapping):
+        result = OrderedDict((k, _extract(v, f"{fqn}.{k}", out)) for k, v in value.items())
+        # nn.Module state_dicts carry per-module versions that load_state_dict reads.
+        metadata = getattr(value, "_metadata", None)
+        if metadata is not None:
+            result._metadata = metadata  # type: ignore[attr-defined]
+        return result
+    if isinstance(value, list):
+        return [_extract(v, f"{fqn}.{i}", out) for i, v in enumerate(value)]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_extract(v, f"{fqn}.{i}", out) for i, v in enumerate(value))
+    return value
+
+
+def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """The skeleton with every ``TensorRef`` replaced by its tensor.
+
+    Raises:
+        KeyError: a tensor the skeleton names is missing.
+    """
+    if isinstance(skeleton, TensorRef):
+        try:
+            return tensors[skeleton.fqn]
+        except KeyError:
+            raise KeyError(f"checkpoint has no tensor {skeleton.fqn!r}") from None
+    if isinstance(skeleton, Mapping):
+        result = OrderedDict((k, unflatten(v, tensors)) for k, v in skeleton.items())
+        metadata = getattr(skeleton, "_metadata", None)
+        if metadata is not None:
+            result._metadata = metadata  # type: ignore[attr-defined]
+        return result
+    if isinstance(skeleton, list):
+        return [unflatten(v, tensors) for v in skeleton]
+    if isinstance(skeleton, tuple) and not hasattr(skeleton, "_fields"):
+        return tuple(unflatten(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def iter_refs(skeleton: Any) -> Iterator[str]:
+    """Every fqn a skeleton refers to."""
+    if isinstance(skeleton, TensorRef):
+        yield skeleton.fqn
+    elif isinstance(skeleton, Mapping):
+        for v in skeleton.values():
+            yield from iter_refs(v)
+    elif isinstance(skeleton, list | tuple):
+        for v in skeleton:
+            yield from iter_refs(v)
+
+
+def load_into(state: Mapping[str, Any], state_dicts: Mapping[str, Any]) -> None:
+    """Hand each object its state_dict; restores RNG states when they were saved.
+
+    Raises:
+        KeyError: the checkpoint lacks one of the objects in ``state``.
+    """
+    missing = [name for name in state if name not in state_dicts]
+    if missing:
+        raise KeyError(f"checkpoint has no state for {missing}; it holds {sorted(state_dicts)}")
+    for name, obj in state.items():
+        obj.load_state_dict(state_dicts[name])
+    if RNG_KEY in state_dicts:
+        set_rng_state(state_dicts[RNG_KEY])
+
+
+def rng_state() -> dict[str, Any]:
+    """torch (CPU and every CUDA device), numpy and Python RNG states."""
+    out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        out["numpy"] = np.random.get_state()
+    except ImportError:  # numpy is optional for users; torch runs without it
+        pass
+    return out
+
+
+def set_rng_state(saved: Mapping[str, Any]) -> None:
+    torch.set_rng_state(saved["torch"])
+    random.setstate(_to_tuple(saved["python"]))
+    if "cuda" in saved and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    if "numpy" in saved:
+        import numpy as np
+
+        np.random.set_state(saved["numpy"])
+
+
+def _to_tuple(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_to_tuple(v) for v in value)
+    return value
