@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import xxhash
 
+from checkflow import knobs
 from checkflow import manifest as mf
 from checkflow.codec import CodecRules, get_codec
 from checkflow.codec.base import Buffer, dtype_name
@@ -249,6 +250,8 @@ class PersistWorker:
         result = RankResult(
             snap.step, self.rank, manifest_path, writer.total, time.perf_counter() - t0
         )
+        if delay := knobs.commit_delay_s():
+            time.sleep(delay)  # fault injection for tests: a window to kill us mid-persist
         if self.commit.rank_persisted(snap.step, result):
             write_commit(
                 self.storage, snap.step, self.world_size, meta=self.meta() if self.meta else {}
@@ -279,7 +282,7 @@ class PersistWorker:
         codec = get_codec(name)
         shape = tuple(tensor.shape)
         entries = []
-        for start, stop in chunk_boxes(shape, tensor.element_size()):
+        for start, stop in chunk_boxes(shape, tensor.element_size(), knobs.chunk_bytes()):
             box = tensor.reshape(1) if not shape else tensor[start:stop]
             ref = None if full or not codec.incremental else self._refs.get((fqn, start))
             encoded, new_ref = codec.encode(box, ref)

@@ -1,0 +1,47 @@
+"""Tunables with an environment override, and a context manager for tests (torchsnapshot-style).
+
+CHECKFLOW_CHUNK_BYTES          largest encoded box of a tensor (default 64 MiB)
+CHECKFLOW_TEST_COMMIT_DELAY_S  fault injection: sleep between the rank manifest and the
+                               commit, so a test can kill a process mid-persist
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_DEFAULTS = {
+    "CHECKFLOW_CHUNK_BYTES": str(64 << 20),
+    "CHECKFLOW_TEST_COMMIT_DELAY_S": "0",
+}
+
+
+def _get(name: str) -> str:
+    return os.environ.get(name, _DEFAULTS[name])
+
+
+def chunk_bytes() -> int:
+    return int(_get("CHECKFLOW_CHUNK_BYTES"))
+
+
+def commit_delay_s() -> float:
+    return float(_get("CHECKFLOW_TEST_COMMIT_DELAY_S"))
+
+
+@contextmanager
+def override(**values: object) -> Iterator[None]:
+    """``with override(CHECKFLOW_CHUNK_BYTES=1024): ...`` sets knobs for the block."""
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if k not in _DEFAULTS:
+            raise KeyError(f"unknown knob {k}; known: {sorted(_DEFAULTS)}")
+        os.environ[k] = str(v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
