@@ -1,0 +1,27 @@
+"""Liveness and Prometheus metrics (no token: probes and scrapers read them)."""
+
+from __future__ import annotations
+
+from checkflow_server.api.deps import CoordinatorDep
+from checkflow_server.models import Health
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="The coordinator is up")
+async def healthz(coordinator: CoordinatorDep) -> Health:
+    return Health(status="ok", jobs=len(coordinator.jobs))
+
+
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    summary="Prometheus text format",
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
+async def metrics(coordinator: CoordinatorDep) -> PlainTextResponse:
+    alive = {j.name: j.alive_ranks() for j in coordinator.jobs.values()}
+    text = coordinator.metrics.render(jobs=len(coordinator.jobs), ranks_alive=alive)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,62 @@
+"""Counters of the coordinator and their Prometheus text exposition (format 0.0.4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RECOVERY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+
+@dataclass(slots=True)
+class Metrics:
+    heartbeats: int = 0
+    """Rank heartbeats received (a node heartbeat counts one per rank it carries)."""
+    checkpoints_committed: int = 0
+    failures_detected: int = 0
+    """Ranks declared failed."""
+    recovery_durations: list[float] = field(default_factory=list)
+    """Seconds from a failure to every rank registered in the new generation."""
+
+    def render(self, *, jobs: int, ranks_alive: dict[str, int]) -> str:
+        """The Prometheus text format of these counters plus the given gauges."""
+        out = [
+            "# HELP checkflow_jobs Jobs known to the coordinator.",
+            "# TYPE checkflow_jobs gauge",
+            f"checkflow_jobs {jobs}",
+            "# HELP checkflow_ranks_alive Ranks alive in their job's current generation.",
+            "# TYPE checkflow_ranks_alive gauge",
+        ]
+        out += [f'checkflow_ranks_alive{{job="{_label(j)}"}} {n}' for j, n in ranks_alive.items()]
+        out += _counter("checkflow_heartbeats_total", "Rank heartbeats received.", self.heartbeats)
+        out += _counter(
+            "checkflow_checkpoints_committed_total",
+            "Checkpoints committed.",
+            self.checkpoints_committed,
+        )
+        out += _counter(
+            "checkflow_failures_detected_total", "Ranks declared failed.", self.failures_detected
+        )
+        out += self._histogram()
+        return "\n".join(out) + "\n"
+
+    def _histogram(self) -> list[str]:
+        name = "checkflow_recovery_duration_seconds"
+        lines = [
+            f"# HELP {name} Time from a failure to every rank registered again.",
+            f"# TYPE {name} histogram",
+        ]
+        values = self.recovery_durations
+        for bound in RECOVERY_BUCKETS:
+            lines.append(f'{name}_bucket{{le="{bound}"}} {sum(1 for v in values if v <= bound)}')
+        lines.append(f'{name}_bucket{{le="+Inf"}} {len(values)}')
+        lines.append(f"{name}_sum {sum(values)}")
+        lines.append(f"{name}_count {len(values)}")
+        return lines
+
+
+def _counter(name: str, help_text: str, value: int) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

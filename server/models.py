@@ -1,0 +1,204 @@
+"""Request and response bodies of the coordinator API (``/v1``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobName = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="Job name.")
+]
+Step = Annotated[int, Field(ge=0, le=2**62, description="Training step (completed steps).")]
+Generation = Annotated[int, Field(ge=0, le=2**62)]
+Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+RankId = Annotated[int, Field(ge=0, le=2**31)]
+Action = Literal["continue", "abort"]
+CheckpointStatus = Literal["in_progress", "committed", "abandoned"]
+DetailValue = str | int | float | bool | None
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobCreate(Strict):
+    name: JobName
+    world_size: int = Field(ge=1, le=1_048_576, description="Number of ranks.")
+    storage_uri: str | None = Field(
+        default=None, max_length=4096, description="Where the job's checkpoints are stored."
+    )
+    max_overhead: float = Field(
+        default=0.035, gt=0, le=1, description="Fraction of training time checkpoints may take."
+    )
+    heartbeat_timeout_s: float = Field(
+        default=10.0, ge=0.1, le=86400, description="A rank silent this long is failed."
+    )
+
+
+class Schedule(BaseModel):
+    """Checkpoint steps: ``anchor + k * interval`` from ``anchor`` on; below ``anchor``,
+    ``previous_anchor + k * previous_interval`` (when set)."""
+
+    anchor: int
+    interval: int
+    previous_anchor: int | None = None
+    previous_interval: int | None = None
+
+
+class JobPublic(BaseModel):
+    name: str
+    world_size: int
+    storage_uri: str | None
+    max_overhead: float
+    heartbeat_timeout_s: float
+    created: float
+    generation: int
+    interval: int
+    next_checkpoint_step: int
+    schedule: Schedule
+    restore_step: int | None
+    ranks_alive: int
+    failures: int
+    recovering: bool
+
+
+class JobList(BaseModel):
+    jobs: list[JobPublic]
+
+
+class RegisterRequest(Strict):
+    instance: str | None = Field(
+        default=None, max_length=128, description="Id of this process; a retry reuses it."
+    )
+    node: str | None = Field(default=None, max_length=256)
+
+
+class Registration(BaseModel):
+    generation: int
+    restore_step: int | None = Field(description="Step to resume from; null: start fresh.")
+    interval: int
+    next_checkpoint_step: int
+    schedule: Schedule
+
+
+class Heartbeat(Strict):
+    generation: Generation
+    step: Step
+    iteration_s: Seconds | None = Field(default=None, description="Median step time.")
+    stall_s: Seconds | None = Field(default=None, description="Training time lost per snapshot.")
+    persist_s: Seconds | None = Field(default=None, description="Snapshot-to-commit time.")
+
+
+class HeartbeatReply(BaseModel):
+    action: Action
+    generation: int
+    interval: int
+    next_checkpoint_step: int
+    schedule: Schedule
+
+
+class RankHeartbeat(Heartbeat):
+    rank: RankId
+
+
+class NodeHeartbeat(Strict):
+    ranks: list[RankHeartbeat] = Field(min_length=1, max_length=1024)
+
+
+class RankAction(BaseModel):
+    rank: int
+    action: Action
+
+
+class NodeHeartbeatReply(BaseModel):
+    generation: int
+    interval: int
+    next_checkpoint_step: int
+    schedule: Schedule
+    ranks: list[RankAction]
+
+
+class RankPublic(BaseModel):
+    rank: int
+    generation: int
+    state: Literal["unregistered", "alive", "failed", "aborted"]
+    alive: bool = Field(description="Alive in the job's current generation.")
+    step: int
+    node: str | None
+    last_heartbeat: float | None
+    seconds_since_heartbeat: float | None
+    iteration_s: float | None
+    stall_s: float | None
+    persist_s: float | None
+
+
+class RankList(BaseModel):
+    ranks: list[RankPublic]
+
+
+class PartReport(Strict):
+    generation: Generation
+    nbytes: int = Field(ge=0, le=2**62)
+    duration_s: Seconds
+    manifest_path: str = Field(max_length=4096)
+
+
+class PartReply(BaseModel):
+    step: int
+    status: CheckpointStatus
+    persisted_ranks: int
+    world_size: int
+    must_commit: bool = Field(description="True for exactly one rank: it writes MANIFEST.json.")
+
+
+class CommitReport(Strict):
+    rank: RankId | None = None
+
+
+class CheckpointPublic(BaseModel):
+    step: int
+    status: CheckpointStatus
+    generation: int
+    persisted_ranks: int
+    world_size: int
+    nbytes: int
+    started: float
+    committed_at: float | None
+    committer: int | None
+    source: Literal["ranks", "storage"]
+
+
+class CheckpointList(BaseModel):
+    checkpoints: list[CheckpointPublic]
+
+
+class RestorePoint(BaseModel):
+    generation: int
+    step: int | None = Field(description="Newest checkpoint every rank committed; null: none.")
+
+
+class RecoverRequest(Strict):
+    step: Step | None = Field(default=None, description="Committed step; default the newest.")
+
+
+class EventPublic(BaseModel):
+    id: int
+    time: float
+    kind: str
+    generation: int
+    rank: int | None
+    detail: dict[str, DetailValue]
+
+
+class EventList(BaseModel):
+    events: list[EventPublic]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    jobs: int
+
+
+class ErrorBody(BaseModel):
+    detail: str

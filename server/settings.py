@@ -1,0 +1,39 @@
+"""Coordinator settings: command-line options override ``CHECKFLOW_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_db_path() -> Path:
+    """``$XDG_DATA_HOME/checkflow/coordinator.db`` (``~/.local/share`` when unset)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(base) / "checkflow" / "coordinator.db"
+
+
+class Settings(BaseSettings):
+    """How one coordinator process runs. Every field reads ``CHECKFLOW_<NAME>`` too."""
+
+    model_config = SettingsConfigDict(env_prefix="CHECKFLOW_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    """Interface to listen on."""
+    port: int = Field(default=8470, ge=0, le=65535)
+    """TCP port (0 picks a free one)."""
+    db: Path = Field(default_factory=default_db_path)
+    """SQLite database holding every job, rank, checkpoint and event."""
+    token: str | None = None
+    """Bearer token required on every ``/v1`` request; None disables auth (local use only)."""
+    detector_period_s: float = Field(default=0.2, gt=0, le=10)
+    """How often the failure detector sweeps; detection latency is timeout + this at most."""
+    retune_period_s: float = Field(default=1.0, gt=0, le=60)
+    """How often each job's checkpoint interval is recomputed from the ranks' reports."""
+    warmup_interval: int = Field(default=10, ge=1)
+    """Checkpoint interval (steps) used until a checkpoint cost has been reported."""
+    sync_storage: bool = True
+    """List ``<uri>/step-*/MANIFEST.json`` at startup and job creation to learn commits."""
+    log_level: str = "info"
