@@ -26,6 +26,7 @@ Helper:
 
 from __future__ import annotations
 
+import functools
 import http.client
 import logging
 import os
@@ -85,7 +86,8 @@ class S3Location:
 def s3_options(endpoint: str, **overrides: Any) -> dict[str, Any]:
     """``storage_options`` for s3fs talking to ``endpoint`` with the fake credentials.
 
-    botocore's own retries are off (``max_attempts: 1``) so that a failure reaches
+    botocore's own retries are off (``total_max_attempts: 1``; its legacy
+    ``max_attempts`` counts retries, not attempts) so that a failure reaches
     checkflow's retry loop, which is what the tests exercise; pass ``config_kwargs`` to
     change that.
     """
@@ -93,7 +95,7 @@ def s3_options(endpoint: str, **overrides: Any) -> dict[str, Any]:
         "key": "testing",
         "secret": "testing",
         "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 5},
+        "config_kwargs": {"retries": {"total_max_attempts": 1}, "connect_timeout": 5},
     }
     options.update(overrides)
     return options
@@ -195,7 +197,8 @@ class FaultyS3Proxy:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        serve = functools.partial(self._server.serve_forever, poll_interval=0.05)
+        threading.Thread(target=serve, daemon=True).start()
 
     def stop(self) -> None:
         if self._server is not None:
