@@ -1,0 +1,205 @@
+"""C source of the fused quantization kernel (compiled by :mod:`checkflow.codec._native`).
+
+Kept as a Python string so that it ships inside the wheel without package-data rules.
+The arithmetic mirrors :mod:`checkflow.codec._quant_eager` operation for operation; it is
+compiled with ``-ffp-contract=off`` and without fast-math so that every float operation is
+one IEEE rounding, exactly like the separate torch ops, and the reconstruction it keeps is
+bit-identical to what the torch path decodes (and the other way round).
+"""
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+#include <math.h>
+
+enum { LINEAR = 1, LOG = 2, RAW = 3 };
+
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float bf16_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+/* c10::BFloat16's round to nearest even (NaN -> 0x7FC0). */
+static inline uint16_t f32_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float f32_f32(uint32_t u) { return bits_f32(u); }
+
+static void pack(const uint8_t *q, int64_t n, int bits, uint8_t *out) {
+    if (bits == 8) { memcpy(out, q, (size_t)n); return; }
+    int per = 8 / bits;
+    int64_t full = n / per;
+    if (bits == 4) {
+        for (int64_t i = 0; i < full; i++) out[i] = (uint8_t)(q[2 * i] | (q[2 * i + 1] << 4));
+    } else {
+        for (int64_t i = 0; i < full; i++)
+            out[i] = (uint8_t)(q[4 * i] | (q[4 * i + 1] << 2) | (q[4 * i + 2] << 4)
+                               | (q[4 * i + 3] << 6));
+    }
+    if (full * per < n) {
+        uint8_t b = 0;
+        for (int64_t k = full * per; k < n; k++) b |= (uint8_t)(q[k] << (bits * (k - full * per)));
+        out[full] = b;
+    }
+}
+
+static void unpack(const uint8_t *in, int64_t n, int bits, uint8_t *q) {
+    if (bits == 8) { memcpy(q, in, (size_t)n); return; }
+    uint8_t mask = (uint8_t)((1 << bits) - 1);
+    if (bits == 4) {
+        for (int64_t k = 0; k < n; k++) q[k] = (uint8_t)((in[k >> 1] >> ((k & 1) * 4)) & mask);
+    } else {
+        for (int64_t k = 0; k < n; k++) q[k] = (uint8_t)((in[k >> 2] >> ((k & 3) * 2)) & mask);
+    }
+}
+
+/* DEFINE_KERNELS(name, T, EXPMASK, SIGN, MAXBITS, TOF, FROMF)
+   T: storage integer type; TOF: bits -> float; FROMF: float -> bits (RNE). */
+#define DEFINE_KERNELS(NAME, T, EXPMASK, SIGN, MAXBITS, TOF, FROMF)                        \
+static int quant_##NAME(const T *x, const T *r, int64_t n, int levels, int log_space,       \
+                        T *nr, int32_t *meta, uint8_t *qb, float *d) {                      \
+    T orx = 0; int finite = 1;                                                              \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+        T a = x[i], b = r[i];                                                               \
+        orx |= (T)(a | b);                                                                  \
+        finite &= ((a & EXPMASK) != EXPMASK) & ((b & EXPMASK) != EXPMASK);                 \
+    }                                                                                       \
+    if (!finite) return RAW;                                                                \
+    if (log_space && !(orx & SIGN)) {                                                       \
+        int64_t lo = INT64_MAX, hi = INT64_MIN;                                             \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            int64_t di = (int64_t)x[i] - (int64_t)r[i];                                     \
+            lo = di < lo ? di : lo; hi = di > hi ? di : hi;                                 \
+        }                                                                                   \
+        int64_t step = (hi - lo + (levels - 1)) / levels;                                   \
+        int64_t safe = step > 0 ? step : 1;                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            int64_t rb = (int64_t)r[i];                                                     \
+            int64_t q = ((int64_t)x[i] - rb - lo + safe / 2) / safe;                        \
+            qb[i] = (uint8_t)q;                                                             \
+            int64_t v = rb + (lo + q * step);                                               \
+            v = v < 0 ? 0 : (v > (int64_t)MAXBITS ? (int64_t)MAXBITS : v);                 \
+            nr[i] = (T)v;                                                                   \
+        }                                                                                   \
+        meta[0] = (int32_t)lo; meta[1] = (int32_t)step;                                     \
+        return LOG;                                                                         \
+    }                                                                                       \
+    float lo = INFINITY, hi = -INFINITY;                                                    \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+        float di = TOF(x[i]) - TOF(r[i]);                                                   \
+        d[i] = di;                                                                          \
+        lo = di < lo ? di : lo; hi = di > hi ? di : hi;                                     \
+    }                                                                                       \
+    float scale = (hi - lo) / (float)levels;                                                \
+    if (!isfinite(lo) || !isfinite(scale)) return RAW;                                      \
+    float safe = scale > 0.0f ? scale : 1.0f;                                               \
+    float fl = (float)levels;                                                               \
+    int ok = 1;                                                                             \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+        float qf = rintf((d[i] - lo) / safe);                                               \
+        qf = qf < 0.0f ? 0.0f : (qf > fl ? fl : qf);                                        \
+        uint8_t q = (uint8_t)qf;                                                            \
+        qb[i] = q;                                                                          \
+        float t = (float)q * scale;                                                         \
+        t = lo + t;                                                                         \
+        T v = FROMF(TOF(r[i]) + t);                                                         \
+        nr[i] = v;                                                                          \
+        ok &= (v & EXPMASK) != EXPMASK;                                                     \
+    }                                                                                       \
+    if (!ok) return RAW;                                                                    \
+    memcpy(&meta[0], &lo, 4); memcpy(&meta[1], &scale, 4);                                  \
+    return LINEAR;                                                                          \
+}                                                                                           \
+                                                                                            \
+static void dequant_##NAME(T *r, int64_t n, int kind, const int32_t *meta,                  \
+                           const uint8_t *qb) {                                             \
+    if (kind == LOG) {                                                                      \
+        int64_t lo = meta[0], step = meta[1];                                               \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            int64_t v = (int64_t)r[i] + (lo + (int64_t)qb[i] * step);                       \
+            v = v < 0 ? 0 : (v > (int64_t)MAXBITS ? (int64_t)MAXBITS : v);                  \
+            r[i] = (T)v;                                                                    \
+        }                                                                                   \
+        return;                                                                             \
+    }                                                                                       \
+    float lo, scale;                                                                        \
+    memcpy(&lo, &meta[0], 4); memcpy(&scale, &meta[1], 4);                                  \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+        float t = (float)qb[i] * scale;                                                     \
+        t = lo + t;                                                                         \
+        r[i] = FROMF(TOF(r[i]) + t);                                                        \
+    }                                                                                       \
+}                                                                                           \
+                                                                                            \
+int q_encode_##NAME(const T *xv, T *snap, T *recon, int64_t offset, int64_t nrows,          \
+                    int64_t row_stride, int64_t nblocks, int64_t blen, int bits,            \
+                    int log_space, uint8_t *changed, uint8_t *kinds, int32_t *meta,         \
+                    uint8_t *codes, int64_t *counts) {                                      \
+    int levels = (1 << bits) - 1;                                                           \
+    int64_t per_block = (blen * bits + 7) / 8;                                              \
+    float *d = malloc(sizeof(float) * (size_t)blen);                                        \
+    T *nr = malloc(sizeof(T) * (size_t)blen);                                               \
+    uint8_t *qb = malloc((size_t)blen);                                                     \
+    if (!d || !nr || !qb) { free(d); free(nr); free(qb); return -1; }                       \
+    int64_t nch = counts[0], nq = counts[1], cb = counts[2];                                \
+    for (int64_t row = 0; row < nrows; row++) {                                             \
+        for (int64_t j = 0; j < nblocks; j++) {                                             \
+            int64_t b = row * nblocks + j;                                                  \
+            int64_t off = offset + row * row_stride + j * blen;                             \
+            const T *xp = xv + off; T *sp = snap + off; T *rp = recon + off;                \
+            if (memcmp(xp, sp, sizeof(T) * (size_t)blen) == 0) { changed[b] = 0; continue; }\
+            changed[b] = 1;                                                                 \
+            int kind = quant_##NAME(xp, rp, blen, levels, log_space, nr, meta + 2 * nq,    \
+                                    qb, d);                                                 \
+            if (kind == RAW) {                                                              \
+                memcpy(rp, xp, sizeof(T) * (size_t)blen);                                   \
+            } else {                                                                        \
+                memcpy(rp, nr, sizeof(T) * (size_t)blen);                                   \
+                pack(qb, blen, bits, codes + cb);                                           \
+                cb += per_block; nq++;                                                      \
+            }                                                                               \
+            memcpy(sp, xp, sizeof(T) * (size_t)blen);                                       \
+            kinds[nch++] = (uint8_t)kind;                                                   \
+        }                                                                                   \
+    }                                                                                       \
+    counts[0] = nch; counts[1] = nq; counts[2] = cb;                                        \
+    free(d); free(nr); free(qb);                                                            \
+    return 0;                                                                               \
+}                                                                                           \
+                                                                                            \
+/* counts (in/out): [kinds pos, meta pos, code byte pos, raw element pos];                  \
+   limits: [n kinds, n meta, n code bytes, n raw elements]. Returns -2 when short. */       \
+int q_decode_##NAME(T *out, int64_t offset, int64_t nrows, int64_t row_stride,              \
+                    int64_t nblocks, int64_t blen, int bits, const uint8_t *changed,        \
+                    const uint8_t *kinds, const int32_t *meta, const uint8_t *codes,        \
+                    const T *raw, int64_t *counts, const int64_t *limits) {                 \
+    int64_t per_block = (blen * bits + 7) / 8;                                              \
+    uint8_t *qb = malloc((size_t)blen);                                                     \
+    if (!qb) return -1;                                                                     \
+    int64_t kp = counts[0], mp = counts[1], cp = counts[2], rp = counts[3];                 \
+    for (int64_t row = 0; row < nrows; row++) {                                             \
+        for (int64_t j = 0; j < nblocks; j++) {                                             \
+            if (!changed[row * nblocks + j]) continue;                                      \
+            T *op = out + offset + row * row_stride + j * blen;                             \
+            if (kp >= limits[0]) { free(qb); return -2; }                                   \
+            int kind = kinds[kp++];                                                         \
+            if (kind == RAW) {                                                              \
+                if (rp + blen > limits[3]) { free(qb); return -2; }                         \
+                memcpy(op, raw + rp, sizeof(T) * (size_t)blen); rp += blen;                 \
+            } else if (kind == LINEAR || kind == LOG) {                                     \
+                if (mp + 1 > limits[1] || cp + per_block > limits[2]) { free(qb); return -2; }\
+                unpack(codes + cp, blen, bits, qb);                                         \
+                dequant_##NAME(op, blen, kind, meta + 2 * mp, qb);                          \
+                mp++; cp += per_block;                                                      \
+            } else { free(qb); return -3; }                                                 \
+        }                                                                                   \
+    }                                                                                       \
+    counts[0] = kp; counts[1] = mp; counts[2] = cp; counts[3] = rp;                         \
+    free(qb);                                                                               \
+    return 0;                                                                               \
+}
+
+DEFINE_KERNELS(f32, uint32_t, 0x7f800000u, 0x80000000u, 0x7F7FFFFFu, f32_f32, f32_bits)
+DEFINE_KERNELS(bf16, uint16_t, 0x7F80u, 0x8000u, 0x7F7Fu, bf16_f32, f32_bf16)
+"""

@@ -1,0 +1,210 @@
+"""The fused quantization kernel: plain C built with the system's ``cc`` and loaded by ctypes.
+
+One pass per block does what takes a dozen torch ops (compare with the snapshot, min/max,
+quantize, pack, update the reconstruction and the snapshot), several times faster. No
+Python headers, no ninja: only a C compiler, at first use, into a per-user cache. When there
+is no compiler, or ``CHECKFLOW_NATIVE=0``, :func:`load` returns None and the codecs use the
+torch path, whose results are bit-identical (tests check both ways).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from checkflow.codec._kernel_c import SOURCE
+from checkflow.codec.base import CodecError
+from checkflow.codec.blocks import Layout, pack_bitmap
+
+logger = logging.getLogger(__name__)
+
+FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=gnu11"]
+"""No fast-math and no FMA contraction: every float op must round exactly like torch's."""
+ENV_DISABLE = "CHECKFLOW_NATIVE"
+ENV_CACHE = "CHECKFLOW_CACHE_DIR"
+
+_lock = threading.Lock()
+_loaded: NativeKernel | None = None
+_tried = False
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get(ENV_CACHE) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "checkflow"
+    )
+    return Path(root)
+
+
+def _compile() -> Path:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    digest = hashlib.sha256((SOURCE + " ".join(FLAGS) + compiler).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"quant-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src = Path(tmp) / "quant.c"
+        src.write_text(SOURCE)
+        out = Path(tmp) / "quant.so"
+        proc = subprocess.run(
+            [compiler, *FLAGS, str(src), "-o", str(out), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {proc.stderr.strip()[:2000]}")
+        # Atomic: concurrent processes may build the same kernel; the last rename wins.
+        os.replace(out, target)
+    return target
+
+
+def load() -> NativeKernel | None:
+    """The compiled kernel, building it once per machine; None when it cannot be built."""
+    global _loaded, _tried
+    if os.environ.get(ENV_DISABLE, "1") == "0":
+        return None
+    if _tried:
+        return _loaded
+    with _lock:
+        if not _tried:
+            try:
+                _loaded = NativeKernel(ctypes.CDLL(str(_compile())))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                # Not fatal: the torch path gives the same bytes, only slower.
+                logger.warning("quantization kernel unavailable (%s); using torch ops", e)
+                _loaded = None
+            _tried = True
+    return _loaded
+
+
+def _ptr(t: torch.Tensor | np.ndarray) -> int:
+    return t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
+
+
+class NativeKernel:
+    """ctypes bindings of the C kernel, for fp32 and bf16 chunks."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._enc, self._dec = {}, {}
+        for suffix in _SUFFIX.values():
+            enc = getattr(lib, f"q_encode_{suffix}")
+            enc.argtypes = [
+                _P,
+                _P,
+                _P,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _INT,
+                _INT,
+                _P,
+                _P,
+                _P,
+                _P,
+                _P,
+            ]
+            enc.restype = _INT
+            dec = getattr(lib, f"q_decode_{suffix}")
+            dec.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _INT, _P, _P, _P, _P, _P, _P, _P]
+            dec.restype = _INT
+            self._enc[suffix], self._dec[suffix] = enc, dec
+
+    @staticmethod
+    def supports(dtype: torch.dtype) -> bool:
+        return dtype in _SUFFIX
+
+    def encode(
+        self, flat: torch.Tensor, ref: Any, layout: Layout, bits: int, log_space: bool
+    ) -> tuple[list[Any], int]:
+        """Encode a flat chunk against ``ref`` (a ``QuantRef``), updating it in place."""
+        fn = self._enc[_SUFFIX[flat.dtype]]
+        nb = layout.nblocks
+        changed = np.empty(nb, dtype=np.uint8)
+        kinds = np.empty(nb, dtype=np.uint8)
+        meta = np.empty((nb, 2), dtype=np.int32)
+        code_bytes = sum(r.count * ((r.blen * bits + 7) // 8) for r in layout.regions)
+        codes = np.empty(code_bytes, dtype=np.uint8)
+        counts = np.zeros(3, dtype=np.int64)
+        args = (_ptr(flat), _ptr(ref.snap), _ptr(ref.recon))
+        raw_parts = []
+        for r in layout.regions:
+            before = int(counts[0])
+            rc = fn(*args, r.offset, r.nrows, r.row_stride, r.nblocks, r.blen, bits,
+                    int(log_space), _ptr(changed[r.first :]), _ptr(kinds), _ptr(meta),
+                    _ptr(codes), _ptr(counts))  # fmt: skip
+            if rc != 0:
+                raise MemoryError("quantization kernel could not allocate its scratch")
+            raw_parts.extend(_raw_blocks(flat, r, changed, kinds[before : int(counts[0])]))
+        nch, nq, cb = (int(c) for c in counts)
+        from checkflow.codec.quant import _zstd  # local: quant imports this module
+
+        sections = [
+            pack_bitmap(changed.astype(bool)),
+            _zstd(memoryview(kinds[:nch])),
+            memoryview(meta[:nq]).cast("B"),
+            memoryview(codes[:cb]),
+            b"".join(raw_parts),
+        ]
+        return sections, nch
+
+    def decode(
+        self,
+        out: torch.Tensor,
+        layout: Layout,
+        bits: int,
+        changed: np.ndarray,
+        kinds: np.ndarray,
+        sections: list[memoryview],
+    ) -> None:
+        """Apply a stored delta to ``out`` (a flat copy of the base) in place."""
+        fn = self._dec[_SUFFIX[out.dtype]]
+        meta_b, codes_b, raw_b = (np.frombuffer(s, dtype=np.uint8) for s in sections)
+        itemsize = out.element_size()
+        if meta_b.nbytes % 8 or raw_b.nbytes % itemsize:
+            raise CodecError("quantized delta sections have a torn length")
+        ch = np.ascontiguousarray(changed, dtype=np.uint8)
+        counts = np.zeros(4, dtype=np.int64)
+        limits = np.array(
+            [kinds.size, meta_b.nbytes // 8, codes_b.nbytes, raw_b.nbytes // itemsize],
+            dtype=np.int64,
+        )
+        for r in layout.regions:
+            rc = fn(_ptr(out), r.offset, r.nrows, r.row_stride, r.nblocks, r.blen, bits,
+                    _ptr(ch[r.first :]), _ptr(kinds), _ptr(meta_b), _ptr(codes_b), _ptr(raw_b),
+                    _ptr(counts), _ptr(limits))  # fmt: skip
+            if rc == -2:
+                raise CodecError("quantized delta is shorter than its block map says")
+            if rc != 0:
+                raise CodecError(f"quantized delta is corrupt (kernel error {rc})")
+        if not np.array_equal(counts, limits):
+            raise CodecError("quantized delta is longer than its block map says")
+
+
+def _raw_blocks(flat: torch.Tensor, region: Any, changed: np.ndarray, kinds: np.ndarray) -> list:
+    """Exact bytes of the RAW blocks of one region, in block order (rare: NaN/inf blocks)."""
+    if not (kinds == 3).any():
+        return []
+    ids = np.flatnonzero(changed[region.first : region.first + region.count])[kinds == 3]
+    rows, cols = torch.from_numpy(ids // region.nblocks), torch.from_numpy(ids % region.nblocks)
+    return [bytes(region.view(flat)[rows, cols].contiguous().view(torch.uint8).numpy())]

@@ -1,0 +1,191 @@
+"""Block quantization in plain torch ops: the reference arithmetic and the portable path.
+
+Each changed block is stored in one of three kinds:
+
+* ``LINEAR``: ``d = float32(x) - float32(r)`` quantized with an asymmetric per-block
+  ``(lo, scale)`` in fp32; ``r' = dtype(float32(r) + (lo + float32(q) * scale))``.
+* ``LOG``: for blocks where ``x`` and ``r`` are all non-negative and finite, the same on the
+  *integer bit patterns* (a float's bits are a piecewise-linear log2 of it), with an integer
+  ``(lo, step)``: ``bits(r') = clamp(bits(r) + lo + q * step, 0, max finite)``. The error is
+  relative (<= step/2 units in the last place), so values spanning many decades, such as
+  Adam's ``exp_avg_sq``, keep their small entries and never turn <= 0.
+* ``RAW``: the block's exact bits (non-finite values, or a delta that overflows fp32).
+
+Every operation is one IEEE rounding (separate mul and add, no fused multiply-add) or exact
+integer arithmetic, so the native kernel reproduces ``r'`` bit for bit; the encoder's
+reconstruction and a restore agree exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from checkflow.codec.blocks import int_view
+
+LINEAR, LOG, RAW = 1, 2, 3
+"""Kinds of a changed block, stored one byte each."""
+
+MAX_FINITE_BITS = {torch.float32: 0x7F7FFFFF, torch.bfloat16: 0x7F7F, torch.float16: 0x7BFF}
+SUPPORTED = tuple(MAX_FINITE_BITS)
+
+
+def dequant_linear(
+    r: torch.Tensor, q: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """``float32(r) + (lo + float32(q) * scale)`` rounded to ``r.dtype``; ``q`` is ``(k, n)``."""
+    t = q.to(torch.float32) * scale[:, None]
+    t = lo[:, None] + t
+    return (r.to(torch.float32) + t).to(r.dtype)
+
+
+def dequant_log(
+    r: torch.Tensor, q: torch.Tensor, lo: torch.Tensor, step: torch.Tensor
+) -> torch.Tensor:
+    """``r`` moved by ``lo + q * step`` units in the last place, clamped to finite >= 0."""
+    bits = int_view(r).to(torch.int64)
+    bits += lo.to(torch.int64)[:, None] + q.to(torch.int64) * step.to(torch.int64)[:, None]
+    bits.clamp_(0, MAX_FINITE_BITS[r.dtype])
+    return bits.to(int_view(r).dtype).view(r.dtype)
+
+
+def _quant_linear(
+    x: torch.Tensor, r: torch.Tensor, levels: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    d = x.to(torch.float32) - r.to(torch.float32)
+    lo, hi = d.amin(dim=-1), d.amax(dim=-1)
+    scale = (hi - lo) / levels
+    ok = torch.isfinite(lo) & torch.isfinite(scale)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = ((d - lo[:, None]) / safe[:, None]).round_().clamp_(0, levels)
+    q = torch.nan_to_num_(q, nan=0.0).to(torch.uint8)
+    lo, scale = torch.where(ok, lo, 0.0), torch.where(ok, scale, 0.0)
+    new = dequant_linear(r, q, lo, scale)
+    ok &= torch.isfinite(new).all(dim=-1)
+    meta = torch.stack([lo.view(torch.int32), scale.view(torch.int32)], dim=1)
+    return q, meta, new, ok, d
+
+
+def _quant_log(
+    x: torch.Tensor, r: torch.Tensor, levels: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    d = int_view(x).to(torch.int64) - int_view(r).to(torch.int64)
+    lo, hi = d.amin(dim=-1), d.amax(dim=-1)
+    step = (hi - lo + (levels - 1)) // levels
+    safe = torch.where(step > 0, step, torch.ones_like(step))
+    q = ((d - lo[:, None] + safe[:, None] // 2) // safe[:, None]).to(torch.uint8)
+    lo32, step32 = lo.to(torch.int32), step.to(torch.int32)
+    new = dequant_log(r, q, lo32, step32)
+    return q, torch.stack([lo32, step32], dim=1), new
+
+
+def quantize_blocks(
+    x: torch.Tensor, r: torch.Tensor, bits: int, log_space: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize ``k`` changed blocks ``x`` (``(k, n)``) against their reconstruction ``r``.
+
+    Returns:
+        ``(kinds (k,) uint8, meta (k, 2) int32, codes (k, n) uint8, new r (k, n))``; meta and
+        codes rows of RAW blocks are meaningless (they are not stored).
+    """
+    levels = (1 << bits) - 1
+    k = x.shape[0]
+    finite = torch.isfinite(x).all(dim=-1) & torch.isfinite(r).all(dim=-1)
+    kinds = torch.full((k,), RAW, dtype=torch.uint8)
+    meta = torch.zeros((k, 2), dtype=torch.int32)
+    codes = torch.zeros(x.shape, dtype=torch.uint8)
+    new = x.clone()
+    if log_space:
+        nonneg = (int_view(x) >= 0).all(dim=-1) & (int_view(r) >= 0).all(dim=-1)
+        use_log = finite & nonneg
+    else:
+        use_log = torch.zeros(k, dtype=torch.bool)
+    lin = finite & ~use_log
+    for mask, kind in ((lin, LINEAR), (use_log, LOG)):
+        if not bool(mask.any()):
+            continue
+        every = bool(mask.all())
+        xs, rs = (x, r) if every else (x[mask], r[mask])
+        if kind == LINEAR:
+            q, m, n, ok, _ = _quant_linear(xs, rs, levels)
+            idx = mask.nonzero().reshape(-1)[ok] if not every else ok.nonzero().reshape(-1)
+            if not bool(ok.all()):
+                q, m, n = q[ok], m[ok], n[ok]
+        else:
+            q, m, n = _quant_log(xs, rs, levels)
+            idx = mask.nonzero().reshape(-1)
+        kinds[idx] = kind
+        meta[idx] = m
+        codes[idx] = q
+        new[idx] = n
+    return kinds, meta, codes, new
+
+
+def dequantize_blocks(
+    r: torch.Tensor,
+    kinds: torch.Tensor,
+    meta: torch.Tensor,
+    codes: torch.Tensor,
+    raw: torch.Tensor,
+) -> torch.Tensor:
+    """The new reconstruction of ``k`` blocks from their stored form.
+
+    Args:
+        r: ``(k, n)`` previous reconstruction of the blocks.
+        kinds: ``(k,)`` kind of each block.
+        meta: ``(kq, 2)`` int32 of the quantized (non-RAW) blocks, in order.
+        codes: ``(kq, n)`` unpacked codes of the quantized blocks.
+        raw: ``(k - kq, n)`` exact values of the RAW blocks.
+    """
+    out = torch.empty_like(r)
+    is_raw = kinds == RAW
+    if raw.numel():
+        out[is_raw] = raw
+    quant = ~is_raw
+    if not bool(quant.any()):
+        return out
+    qkinds = kinds[quant]
+    rq = r[quant]
+    newq = torch.empty_like(rq)
+    for kind in (LINEAR, LOG):
+        sel = qkinds == kind
+        if not bool(sel.any()):
+            continue
+        every = bool(sel.all())
+        rs, qs, ms = (rq, codes, meta) if every else (rq[sel], codes[sel], meta[sel])
+        if kind == LINEAR:
+            n = dequant_linear(rs, qs, ms[:, 0].view(torch.float32), ms[:, 1].view(torch.float32))
+        else:
+            n = dequant_log(rs, qs, ms[:, 0], ms[:, 1])
+        if every:
+            newq = n
+        else:
+            newq[sel] = n
+    out[quant] = newq
+    return out
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """``(k, n)`` codes to ``(k, ceil(n * bits / 8))`` bytes, low bits first, per block."""
+    if bits == 8:
+        return codes
+    per = 8 // bits
+    k, n = codes.shape
+    pad = (-n) % per
+    if pad:
+        codes = torch.nn.functional.pad(codes, (0, pad))
+    c = codes.view(k, (n + pad) // per, per)
+    out = c[..., 0].clone()
+    for j in range(1, per):
+        out |= c[..., j] << (bits * j)
+    return out
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`pack_codes` for blocks of ``n`` elements."""
+    if bits == 8:
+        return packed
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
+    out = (packed[..., None] >> shifts) & mask
+    return out.reshape(packed.shape[0], packed.shape[1] * per)[:, :n]
