@@ -1,0 +1,172 @@
+"""Checkpointer behaviour in one process: restore, retention, skips, arguments, storage kinds."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import torch
+
+from checkflow import Checkpointer, list_checkpoints, load
+from checkflow.manifest import MANIFEST, step_dir
+from tests.runtime._models import small_state, train_step
+
+
+def _run(uri, state, steps, **kw):
+    with Checkpointer(uri, state, **kw) as ck:
+        start = ck.restore()
+        for _ in range(start, steps):
+            train_step(state)
+            ck.step()
+            ck.wait()
+    return ck
+
+
+def test_restore_returns_zero_and_changes_nothing_without_checkpoints(tmp_path):
+    state = small_state()
+    before = {k: v.clone() for k, v in state["model"].state_dict().items()}
+    with Checkpointer(str(tmp_path), state, every=1) as ck:
+        assert ck.restore() == 0
+    for k, v in state["model"].state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_restore_brings_back_the_newest_committed_step_into_fresh_objects(tmp_path):
+    state = small_state()
+    _run(str(tmp_path), state, 5, every=2)
+    fresh = small_state(seed=7)
+    with Checkpointer(str(tmp_path), fresh, every=2) as ck:
+        assert ck.restore() == 4
+        assert ck.current_step == 4
+    saved = load(str(tmp_path))
+    for k, v in saved["model"].items():
+        assert torch.equal(fresh["model"].state_dict()[k], v)
+    assert fresh["sched"].state_dict()["last_epoch"] == 4
+    opt_state = fresh["optim"].state_dict()["state"]
+    assert float(opt_state[0]["step"]) == 4.0
+
+
+def test_keep_retains_the_newest_committed_and_deletes_abandoned_partials(tmp_path):
+    state = small_state()
+    # An abandoned partial folder from a crashed run, older than what will be committed.
+    partial = tmp_path / step_dir(1)
+    partial.mkdir()
+    (partial / "rank-00000-000.chunks").write_bytes(b"x" * 10)
+    _run(str(tmp_path), state, 6, every=1, keep=2)
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [5, 6]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir(5), step_dir(6)]
+
+
+def test_checkpoint_due_while_persist_runs_is_skipped_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "0.5")
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=1) as ck:
+        for _ in range(4):
+            train_step(state)
+            ck.step()
+        assert ck.stats.snapshots == 1
+        assert ck.stats.skipped == 3
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [1]
+
+
+def test_save_forces_a_checkpoint_and_its_future_resolves_to_the_step(tmp_path):
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=1000) as ck:
+        for _ in range(3):
+            train_step(state)
+            ck.step()
+        assert ck.save().result(timeout=30) == 3
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [3]
+
+
+def test_steady_state_allocates_no_new_host_buffers(tmp_path):
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=1, keep=1) as ck:
+        train_step(state)
+        ck.step()
+        ck.wait()
+        first = ck._snapshotter.pool.allocations
+        for _ in range(5):
+            train_step(state)
+            ck.step()
+            ck.wait()
+        assert ck._snapshotter.pool.allocations == first
+
+
+def test_memory_uri_round_trips(tmp_path):
+    uri = f"memory://checkflow-test/{uuid.uuid4().hex}"
+    state = small_state()
+    _run(uri, state, 3, every=1)
+    assert [c.step for c in list_checkpoints(uri)] == [1, 2, 3]
+    for k, v in load(uri)["model"].items():
+        assert torch.equal(state["model"].state_dict()[k], v)
+
+
+@pytest.mark.s3
+def test_s3_uri_round_trips_through_moto(s3_uri):
+    state = small_state()
+    _run(s3_uri.uri, state, 2, every=1, storage_options=s3_uri.storage_options)
+    infos = list_checkpoints(s3_uri.uri, storage_options=s3_uri.storage_options)
+    assert [c.step for c in infos] == [1, 2]
+    saved = load(s3_uri.uri, storage_options=s3_uri.storage_options)
+    for k, v in saved["model"].items():
+        assert torch.equal(state["model"].state_dict()[k], v)
+
+
+def test_zstd_codec_is_lossless_and_smaller_on_structured_data(tmp_path):
+    state = {"model": torch.nn.Linear(256, 256)}
+    with torch.no_grad():
+        state["model"].weight.copy_(torch.arange(256 * 256).reshape(256, 256) % 7)
+    with Checkpointer(str(tmp_path / "z"), state, every=1, codec="zstd") as ck:
+        ck.step()
+    with Checkpointer(str(tmp_path / "e"), state, every=1) as ck:
+        ck.step()
+    z, e = list_checkpoints(str(tmp_path / "z"))[0], list_checkpoints(str(tmp_path / "e"))[0]
+    assert z.nbytes < e.nbytes / 4
+    assert torch.equal(load(str(tmp_path / "z"))["model"]["weight"], state["model"].weight)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"every": 0}, "every"),
+        ({"every": "often"}, "every"),
+        ({"keep": -1}, "keep"),
+        ({"max_overhead": 0}, "max_overhead"),
+        ({"codec": "q3"}, "unknown codec 'q3'.*valid codecs: .*exact"),
+        ({"coordinator": "http://127.0.0.1:1"}, "job="),
+    ],
+)
+def test_bad_arguments_are_rejected_before_anything_is_written(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Checkpointer(str(tmp_path / "c"), small_state(), **kwargs)
+    assert not (tmp_path / "c").exists()
+
+
+def test_wrong_uri_protocol_is_a_clear_error(tmp_path):
+    from checkflow.storage import StorageError
+
+    with pytest.raises(StorageError, match="nosuchfs"):
+        Checkpointer("nosuchfs://bucket/x", small_state(), every=1)
+
+
+def test_object_without_state_dict_is_rejected():
+    with pytest.raises(TypeError, match="state_dict"):
+        Checkpointer("/tmp/never", {"model": object()}, every=1)
+
+
+def test_commit_marker_is_written_last(tmp_path, monkeypatch):
+    # While a persist sleeps before its commit, the step folder is present but invisible.
+    monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "1")
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=1) as ck:
+        train_step(state)
+        f = ck.step()
+        import time
+
+        time.sleep(0.5)
+        assert (tmp_path / step_dir(1)).exists()
+        assert not (tmp_path / step_dir(1) / MANIFEST).exists()
+        assert list_checkpoints(str(tmp_path)) == []
+        f.result(timeout=30)
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [1]
