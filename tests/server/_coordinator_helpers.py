@@ -1,0 +1,106 @@
+"""Helpers of the coordinator tests: a real ``checkflow serve`` subprocess and simulated
+ranks (``python -m checkflow.client``) as real client processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SERVE = (
+    "import argparse, sys; from checkflow.cli_coordinator import add_serve_parser; "
+    "p = argparse.ArgumentParser(); add_serve_parser(p.add_subparsers()); "
+    "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """``checkflow serve`` in a subprocess; restartable on the same port and database."""
+
+    def __init__(self, db: Path, token: str | None = TOKEN, **env: str) -> None:
+        self.db = db
+        self.token = token
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "CHECKFLOW_DETECTOR_PERIOD_S": "0.1", **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable,
+            "-c",
+            SERVE,
+            "serve",
+            "--port",
+            str(self.port),
+            "--db",
+            str(self.db),
+            "--log-level",
+            "warning",
+        ]
+        if self.token:
+            cmd += ["--token", self.token]
+        self.proc = subprocess.Popen(cmd, env=self.env)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "coordinator exited during startup"
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise TimeoutError("coordinator did not start")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown handler runs, like a crash or an OOM kill."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def http(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=5)
+
+
+def start_rank(url: str, job: str, rank: int, world: int, *args: str) -> subprocess.Popen[str]:
+    """A simulated rank (real CoordinatorClient in its own process); JSON lines on stdout."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "checkflow.client",
+        "--url",
+        url,
+        "--job",
+        job,
+        "--rank",
+        str(rank),
+        "--world-size",
+        str(world),
+        "--token",
+        TOKEN,
+        *args,
+    ]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

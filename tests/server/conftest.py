@@ -1,0 +1,35 @@
+"""Fixtures of the coordinator tests: an in-process app (TestClient) and a real uvicorn
+server in a subprocess, plus simulated ranks (``python -m checkflow.client``) as real
+client processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _coordinator_helpers import AUTH, TOKEN, ServerProcess
+from checkflow_server.app import create_app
+from checkflow_server.settings import Settings
+from fastapi.testclient import TestClient
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        db=tmp_path / "coordinator.db", token=TOKEN, sync_storage=False, detector_period_s=0.05
+    )
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings), headers=AUTH) as c:
+        yield c
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    s = ServerProcess(tmp_path / "coordinator.db")
+    s.start()
+    yield s
+    s.stop()
