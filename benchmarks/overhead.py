@@ -1,0 +1,670 @@
+"""What checkpointing every K steps costs a CPU training loop: checkflow against its peers.
+
+One process, one run, the same model, data and step count for every strategy: no
+checkpoints, ``torch.save`` + fsync, ``dcp.save``, ``dcp.async_save`` (thread), DCP
+``async_save`` with ``DefaultStager`` async staging, checkflow (one run per codec) and
+checkflow ``every="auto"``. Prints overhead, blocking stall, bytes, checkpoints taken and
+restore time side by side, then PASS/MISS against the targets of issue 2.
+
+    python benchmarks/overhead.py                 # full run (~10 min on 2 cores)
+    python benchmarks/overhead.py --quick         # smoke run (~1 min)
+    python benchmarks/overhead.py --strategies none,dcp.async-staged,checkflow-q8 --k 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (  # noqa: E402  (benchmarks/ is not a package)
+    dir_bytes,
+    fmt_bytes,
+    fmt_s,
+    median,
+    median_time,
+    plain_copy_s,
+    state_tensors,
+    table,
+    timed,
+)
+
+DEFAULT_STRATEGIES = (
+    "none,torch.save,dcp.save,dcp.async,dcp.async-staged,checkflow-exact,checkflow-zstd,"
+    "checkflow-auto"
+)
+DCP = ("dcp.save", "dcp.async", "dcp.async-staged")
+
+
+# -- the workload ----------------------------------------------------------------------------
+def build(hidden: int, layers: int, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
+    model = nn.Sequential(*mods)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+
+def layers_for(params_mib: float, hidden: int) -> int:
+    per_layer = (hidden * hidden + hidden) * 4
+    return max(1, round(params_mib * 2**20 / per_layer))
+
+
+def train_step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    before_opt_step: Any = None,
+) -> None:
+    x, y = batch
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    if before_opt_step is not None:
+        before_opt_step()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+# -- strategies ------------------------------------------------------------------------------
+class Strategy:
+    """One way of checkpointing. The runner calls, in order: ``open``, ``warm`` (one untimed
+    checkpoint, waited for, so buffers and caches exist), then per timed step
+    ``before_opt_step`` and ``after_step``, then ``drain`` (timed: waits for what is in
+    flight), ``restore`` and ``close``."""
+
+    def __init__(self, name: str, k: int | None, root: str) -> None:
+        self.name, self.k, self.root = name, k, root
+        self.stalls: list[float] = []
+        self.taken = 0
+        self.skipped = 0
+        self.ckpt_bytes: list[int] = []
+        self.interval: int | None = k
+        self.model: nn.Module | None = None
+        self.opt: torch.optim.Optimizer | None = None
+
+    def open(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        self.model, self.opt = model, opt
+
+    def warm(self) -> None:
+        pass
+
+    def before_opt_step(self) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass
+
+    def restore_once(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def restorable(self) -> bool:
+        return False
+
+    # helpers for the baselines, which write one folder/file per checkpoint
+    def _due(self, step: int) -> bool:
+        return self.k is not None and step % self.k == 0
+
+    def _path(self, step: int) -> str:
+        return os.path.join(self.root, f"step-{step:09d}")
+
+    def _state_dict(self) -> dict[str, Any]:
+        assert self.model is not None and self.opt is not None
+        return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
+
+    def _load(self, sd: dict[str, Any]) -> None:
+        assert self.model is not None and self.opt is not None
+        self.model.load_state_dict(sd["model"])
+        self.opt.load_state_dict(sd["optim"])
+
+    def _retire_older_than(self, keep: str) -> None:
+        """Delete the checkpoints before ``keep`` (baselines keep only the newest)."""
+        for name in os.listdir(self.root):
+            path = os.path.join(self.root, name)
+            if name.startswith("step-") and path < keep:
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+class NoCheckpoint(Strategy):
+    pass
+
+
+class TorchSave(Strategy):
+    """``torch.save`` of model + optimizer state dicts, fsynced: blocks for the whole write."""
+
+    latest: str | None = None
+
+    def _save(self, step: int) -> None:
+        path = self._path(step) + ".pt"
+        with open(path, "wb") as f:
+            torch.save(self._state_dict(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        self.latest = path
+        self._retire_older_than(path)
+
+    def warm(self) -> None:
+        self._save(0)
+
+    def after_step(self, step: int) -> None:
+        if self._due(step):
+            self.stalls.append(timed(lambda: self._save(step)))
+            self.taken += 1
+            assert self.latest is not None
+            self.ckpt_bytes.append(os.path.getsize(self.latest))
+
+    @property
+    def restorable(self) -> bool:
+        return self.latest is not None
+
+    def restore_once(self) -> None:
+        assert self.latest is not None
+        self._load(torch.load(self.latest))
+
+
+class DcpSave(Strategy):
+    """``torch.distributed.checkpoint.save`` (FileSystemWriter, fsync on), no process group."""
+
+    latest: str | None = None
+
+    def _save(self, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        path = self._path(step)
+        dcp.save(self._state_dict(), checkpoint_id=path, no_dist=True)
+        self.latest = path
+        self._retire_older_than(path)
+
+    def warm(self) -> None:
+        self._save(0)
+
+    def after_step(self, step: int) -> None:
+        if self._due(step):
+            self.stalls.append(timed(lambda: self._save(step)))
+            self.taken += 1
+            assert self.latest is not None
+            self.ckpt_bytes.append(dir_bytes(self.latest))
+
+    @property
+    def restorable(self) -> bool:
+        return self.latest is not None
+
+    def restore_once(self) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        assert self.latest is not None
+        # DCP loads in place into the state dict it is given, then the objects take it.
+        sd = self._state_dict()
+        dcp.load(sd, checkpoint_id=self.latest, no_dist=True)
+        self._load(sd)
+
+
+class DcpAsync(DcpSave):
+    """``dcp.async_save`` on a thread. As torchtitan does, a new save first waits for the
+    previous upload; that wait, the staging copy and the planning are the stall. With
+    ``staged``, a reused ``DefaultStager`` copies on its own thread and the next
+    ``opt.step`` waits for that copy (``staging_completion``), like checkflow's hook."""
+
+    def __init__(self, name: str, k: int | None, root: str, *, staged: bool) -> None:
+        super().__init__(name, k, root)
+        self.staged = staged
+        self.stager: Any = None
+        self.upload: Any = None
+        self.staging: Any = None
+        self.in_flight: str | None = None
+
+    def open(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        super().open(model, opt)
+        if self.staged:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            # CPU-only: no pinned/shared memory, no non-blocking copies (they need CUDA).
+            self.stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=False,
+                    use_shared_memory=False,
+                    use_async_staging=True,
+                    use_non_blocking_copy=False,
+                )
+            )
+
+    def _finish_previous(self) -> None:
+        if self.upload is not None:
+            self.upload.result()
+            self.upload = None
+            assert self.in_flight is not None
+            self.latest = self.in_flight
+            self.ckpt_bytes.append(dir_bytes(self.latest))
+            self._retire_older_than(self.latest)
+
+    def _save(self, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        self._finish_previous()
+        path = self._path(step)
+        out = dcp.async_save(
+            self._state_dict(), checkpoint_id=path, async_stager=self.stager, no_dist=True
+        )
+        self.in_flight = path
+        if self.staged:
+            self.staging, self.upload = out.staging_completion, out.upload_completion
+        else:
+            self.upload = out
+
+    def warm(self) -> None:
+        self._save(0)
+        self.drain()
+        self.ckpt_bytes.clear()
+
+    def after_step(self, step: int) -> None:
+        if self._due(step):
+            self.stalls.append(timed(lambda: self._save(step)))
+            self.taken += 1
+
+    def before_opt_step(self) -> None:
+        if self.staging is not None:
+            self.stalls[-1] += timed(self.staging.result)
+            self.staging = None
+
+    def drain(self) -> None:
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
+        self._finish_previous()
+
+    def close(self) -> None:
+        self.drain()
+        if self.stager is not None:
+            self.stager.close()
+
+
+class Checkflow(Strategy):
+    """checkflow's ``Checkpointer`` with one codec for every tensor; ``k=None`` is "auto"."""
+
+    def __init__(
+        self, name: str, k: int | None, root: str, *, codec: str, max_overhead: float
+    ) -> None:
+        super().__init__(name, k, root)
+        self.codec = codec
+        self.max_overhead = max_overhead
+        self.ckpt: Any = None
+        self._base = (0, 0, 0, 0)
+
+    def _checkpointer(self, every: int | str) -> Any:
+        from checkflow import Checkpointer
+
+        assert self.model is not None and self.opt is not None
+        return Checkpointer(
+            self.root,
+            {"model": self.model, "optim": self.opt},
+            every=every,
+            max_overhead=self.max_overhead,
+            codec=self.codec,
+            rng=False,  # the baselines do not save RNG states either
+        )
+
+    def open(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        super().open(model, opt)
+        self.ckpt = self._checkpointer(self.k if self.k is not None else "auto")
+        self.ckpt.open()
+
+    def warm(self) -> None:
+        self.ckpt.save().result()
+        s, p = self.ckpt.stats, self.ckpt._persist.stats
+        self._base = (s.snapshots, len(s.stalls_s), p.bytes_written, p.committed)
+
+    def after_step(self, step: int) -> None:
+        self.ckpt.step()
+
+    def drain(self) -> None:
+        self.ckpt.wait()
+        s = self.ckpt.stats
+        # PersistWorker.stats is the only place that counts bytes; Checkpointer.stats does not.
+        p = self.ckpt._persist.stats
+        snaps, nstalls, nbytes, committed = self._base
+        self.taken = s.snapshots - snaps
+        self.skipped = s.skipped
+        self.stalls = list(s.stalls_s[nstalls:])
+        self.interval = s.interval
+        if p.committed > committed:
+            per = (p.bytes_written - nbytes) / (p.committed - committed)
+            self.ckpt_bytes = [int(per)]
+
+    def close(self) -> None:
+        if self.ckpt is not None:
+            self.ckpt.close()
+
+    @property
+    def restorable(self) -> bool:
+        return self.taken > 0
+
+    def restore_once(self) -> None:
+        ckpt = self._checkpointer(1)
+        try:
+            ckpt.restore()
+        finally:
+            ckpt.close()
+
+
+def make_strategy(name: str, k: int | None, root: str, max_overhead: float) -> Strategy:
+    if name == "none":
+        return NoCheckpoint(name, None, root)
+    if name == "torch.save":
+        return TorchSave(name, k, root)
+    if name == "dcp.save":
+        return DcpSave(name, k, root)
+    if name in ("dcp.async", "dcp.async-staged"):
+        return DcpAsync(name, k, root, staged=name.endswith("staged"))
+    if name.startswith("checkflow-auto"):
+        codec = name.removeprefix("checkflow-auto").removeprefix("-") or "exact"
+        return Checkflow(name, None, root, codec=codec, max_overhead=max_overhead)
+    if name.startswith("checkflow-"):
+        codec = name.removeprefix("checkflow-")
+        return Checkflow(name, k, root, codec=codec, max_overhead=max_overhead)
+    raise SystemExit(
+        f"unknown strategy {name!r}; known: none, torch.save, dcp.save, dcp.async, "
+        "dcp.async-staged, checkflow-<codec>, checkflow-auto[-<codec>]"
+    )
+
+
+def uses_k(name: str) -> bool:
+    return name != "none" and not name.startswith("checkflow-auto")
+
+
+# -- the runner ------------------------------------------------------------------------------
+@dataclass
+class Result:
+    name: str
+    k: int | None
+    loop_s: float
+    drain_s: float
+    step_s: float
+    stalls: list[float]
+    taken: int
+    skipped: int
+    bytes_per_ckpt: float
+    interval: int | None
+    restore_s: float = float("nan")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> float:
+        return self.loop_s + self.drain_s
+
+
+def run_one(
+    strat: Strategy, args: argparse.Namespace, batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> Result:
+    model, opt = build(args.hidden, args.layers)
+    for i in range(args.warmup):  # Adam state exists and allocator/caches are warm
+        train_step(model, opt, batches[i % len(batches)])
+    os.makedirs(strat.root, exist_ok=True)
+    strat.open(model, opt)
+    try:
+        strat.warm()
+        gc.collect()
+        step_times = []
+        t0 = time.perf_counter()
+        for i in range(args.steps):
+            ts = time.perf_counter()
+            train_step(model, opt, batches[i % len(batches)], strat.before_opt_step)
+            strat.after_step(i + 1)
+            step_times.append(time.perf_counter() - ts)
+        loop = time.perf_counter() - t0
+        drain = timed(strat.drain)
+        res = Result(
+            name=strat.name,
+            k=strat.k,
+            loop_s=loop,
+            drain_s=drain,
+            step_s=median(step_times),
+            stalls=list(strat.stalls),
+            taken=strat.taken,
+            skipped=strat.skipped,
+            bytes_per_ckpt=median(strat.ckpt_bytes),
+            interval=strat.interval,
+        )
+        if strat.restorable and args.restore_reps:
+            res.restore_s = median_time(strat.restore_once, args.restore_reps, warmup=0)
+    finally:
+        strat.close()
+        shutil.rmtree(strat.root, ignore_errors=True)
+        del model, opt
+        gc.collect()
+    return res
+
+
+def reference_restore_s(args: argparse.Namespace, batches: list, root: str) -> float:
+    """``torch.load`` + ``load_state_dict`` of the same state, freshly written and fsynced."""
+    model, opt = build(args.hidden, args.layers)
+    for i in range(args.warmup):
+        train_step(model, opt, batches[i % len(batches)])
+    s = TorchSave("ref", 1, root)
+    os.makedirs(root, exist_ok=True)
+    s.open(model, opt)
+    s.warm()
+    t = median_time(s.restore_once, max(1, args.restore_reps), warmup=0)
+    shutil.rmtree(root, ignore_errors=True)
+    return t
+
+
+def reference_copy_s(args: argparse.Namespace, batches: list) -> tuple[float, int]:
+    model, opt = build(args.hidden, args.layers)
+    for i in range(args.warmup):
+        train_step(model, opt, batches[i % len(batches)])
+    tensors = state_tensors(model, opt)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return plain_copy_s(tensors), nbytes
+
+
+# -- report ----------------------------------------------------------------------------------
+def report(results: list[Result], base_s: float, copy_s: float, load_s: float) -> list[str]:
+    rows = []
+    for r in results:
+        over = r.total_s / base_s - 1
+        loop_over = r.loop_s / base_s - 1
+        stall = median(r.stalls)
+        rows.append(
+            [
+                r.name,
+                "-" if r.k is None else str(r.k),
+                "-" if r.name == "none" else f"{r.taken} ({r.skipped} skipped)",
+                f"{r.interval}" if r.name.startswith("checkflow-auto") else "",
+                fmt_s(r.step_s),
+                fmt_s(r.total_s, "s"),
+                f"{100 * over:+.1f}%",
+                f"{100 * loop_over:+.1f}%",
+                fmt_s(r.drain_s),
+                fmt_s(stall),
+                f"{stall / copy_s:.2f}x" if r.stalls else "-",
+                fmt_bytes(r.bytes_per_ckpt),
+                fmt_s(r.restore_s, "s"),
+                f"{r.restore_s / load_s:.2f}x" if r.restore_s == r.restore_s else "-",
+            ]
+        )
+    headers = [
+        "strategy",
+        "K",
+        "ckpts",
+        "interval",
+        "step (med)",
+        "total",
+        "overhead",
+        "ovh w/o drain",
+        "drain",
+        "stall/ckpt (med)",
+        "stall/copy",
+        "bytes/ckpt",
+        "restore",
+        "restore/load",
+    ]
+    return [table(headers, rows)]
+
+
+def targets(
+    results: list[Result], base_s: float, copy_s: float, load_s: float, max_overhead: float
+) -> list[str]:
+    out = []
+
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "MISS"
+
+    def over(r: Result) -> float:
+        return r.total_s / base_s - 1
+
+    flow = [r for r in results if r.name.startswith("checkflow-")]
+    for r in flow:
+        if not r.stalls:
+            continue
+        ratio = median(r.stalls) / copy_s
+        out.append(
+            f"{verdict(ratio <= 2)} stall {r.name} K={r.k or 'auto'}: "
+            f"{fmt_s(median(r.stalls))} = {ratio:.2f}x plain copy_ (target <= 2x)"
+        )
+    dcp5 = [r for r in results if r.name in DCP and r.k == 5]
+    if dcp5:
+        best = min(dcp5, key=over)
+        for r in (r for r in flow if r.k == 5):
+            ratio = over(r) / over(best) if over(best) > 0 else float("inf")
+            out.append(
+                f"{verdict(over(r) <= over(best) / 2)} overhead {r.name} K=5: "
+                f"{100 * over(r):+.1f}% vs best DCP ({best.name}) {100 * over(best):+.1f}% "
+                f"= {ratio:.2f}x (target <= 0.5x)"
+            )
+    for r in (r for r in flow if r.name.startswith("checkflow-auto")):
+        loop_over = r.loop_s / base_s - 1
+        out.append(
+            f"{verdict(over(r) <= max_overhead)} auto {r.name}: overhead {100 * over(r):+.1f}% "
+            f"incl. final drain, {100 * loop_over:+.1f}% without; interval {r.interval} steps, "
+            f"{r.taken} checkpoints (target <= {100 * max_overhead:.0f}%)"
+        )
+    for r in flow:
+        if r.restore_s == r.restore_s:
+            ratio = r.restore_s / load_s
+            out.append(
+                f"{verdict(ratio <= 1.2)} restore {r.name} K={r.k or 'auto'}: "
+                f"{fmt_s(r.restore_s, 's')} = {ratio:.2f}x torch.load (target <= 1.2x)"
+            )
+    return out
+
+
+# -- CLI -------------------------------------------------------------------------------------
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated")
+    p.add_argument("--k", type=int, nargs="+", default=[1, 5], help="checkpoint every K steps")
+    p.add_argument("--steps", type=int, default=40, help="timed steps per strategy")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    p.add_argument("--params-mib", type=float, default=100.0, help="model size; Adam adds 2x")
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for training (default 1: leaves a core for the "
+        "background copy/persist threads of the async strategies on a 2-core machine)",
+    )
+    p.add_argument("--max-overhead", type=float, default=0.05, help="for checkflow-auto")
+    p.add_argument("--restore-reps", type=int, default=3)
+    p.add_argument("--dir", default=None, help="local folder for checkpoints (default: a tmp dir)")
+    p.add_argument("--quick", action="store_true", help="small state, few steps (~1 min)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.params_mib, args.hidden, args.steps, args.batch = 16.0, 1024, 12, 32
+        args.warmup, args.restore_reps = 2, 1
+    args.layers = layers_for(args.params_mib, args.hidden)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    logging.basicConfig(level=logging.ERROR)  # checkflow warns on every skipped checkpoint
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    torch.set_num_threads(args.threads)
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    parent = args.dir or tempfile.mkdtemp(prefix="checkflow-bench-")
+    os.makedirs(parent, exist_ok=True)
+    g = torch.Generator().manual_seed(1)
+    batches = [
+        (
+            torch.randn(args.batch, args.hidden, generator=g),
+            torch.randn(args.batch, args.hidden, generator=g),
+        )
+        for _ in range(4)
+    ]
+    copy_s, nbytes = reference_copy_s(args, batches)
+    load_s = reference_restore_s(args, batches, os.path.join(parent, "ref"))
+    print(
+        f"state {fmt_bytes(nbytes)} ({args.layers} x Linear({args.hidden}, {args.hidden}) + "
+        f"AdamW), batch {args.batch}, {args.steps} timed steps, torch threads {args.threads}, "
+        f"dir {parent}"
+    )
+    print(
+        f"reference: plain copy_ of the whole state {fmt_s(copy_s)}; "
+        f"torch.load + load_state_dict {fmt_s(load_s, 's')}",
+        flush=True,
+    )
+
+    plan: list[tuple[str, int | None]] = []
+    for name in names:
+        plan += [(name, k) for k in args.k] if uses_k(name) else [(name, None)]
+    if "none" in names:  # run the baseline at both ends to expose drift from other load
+        plan.append(("none", None))
+    results: list[Result] = []
+    try:
+        for i, (name, k) in enumerate(plan):
+            strat = make_strategy(
+                name, k, os.path.join(parent, f"{i:02d}-{name}"), args.max_overhead
+            )
+            r = run_one(strat, args, batches)
+            results.append(r)
+            print(
+                f"  {name:<20} K={k if k is not None else '-':<4} total {r.total_s:6.2f} s, "
+                f"{r.taken} ckpts, {r.skipped} skipped",
+                flush=True,
+            )
+    finally:
+        if args.dir is None:
+            shutil.rmtree(parent, ignore_errors=True)
+
+    nones = [r for r in results if r.name == "none"]
+    if nones:
+        base_s = median([r.total_s for r in nones])
+        spread = (max(r.total_s for r in nones) / min(r.total_s for r in nones) - 1) * 100
+        print(
+            f"\nno-checkpoint runs: {', '.join(fmt_s(r.total_s, 's') for r in nones)} "
+            f"(spread {spread:.1f}%: the noise floor of every overhead below)"
+        )
+        results = [r for r in results if r.name != "none"] + [nones[0]]
+    else:
+        base_s = float("nan")
+    print()
+    for line in report(results, base_s, copy_s, load_s):
+        print(line)
+    print()
+    for line in targets(results, base_s, copy_s, load_s, args.max_overhead):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
