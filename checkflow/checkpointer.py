@@ -140,6 +140,8 @@ class Checkpointer:
         self._pending: list[Future[int]] = []
         self._measure: _CheckpointCost | None = None
         self._lock = threading.Lock()
+        self._sync: distributed.RankSync | None = None
+        self._global_names = distributed.global_state_names(self.state)
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Checkpointer:
@@ -155,6 +157,8 @@ class Checkpointer:
             return
         self._opened = True
         self._snapshotter = Snapshotter()
+        if self.world_size > 1:
+            self._sync = distributed.RankSync(self.group, self.storage.uri)
         self._persist = PersistWorker(
             self.storage,
             rank=self.rank,
@@ -188,11 +192,9 @@ class Checkpointer:
                 self._client.close()
 
     def _commit_protocol(self) -> CommitProtocol:
-        local: CommitProtocol = (
-            SingleProcessCommit()
-            if self.world_size == 1
-            else distributed.StoreCommit(self.group, self.storage.uri)
-        )
+        local: CommitProtocol = SingleProcessCommit()
+        if self._sync is not None:
+            local = self._sync.commit
         if self.coordinator_url:
             return _CoordinatorCommit(self, local)
         return local
@@ -233,9 +235,10 @@ class Checkpointer:
                 )
             steps = [s for s in steps if s <= step]
         reader = CheckpointReader(self.storage)
+        live = distributed.live_state(self.state)
         for candidate in steps:
             try:
-                state_dicts = distributed.read_state_dicts(reader, candidate, self.rank)
+                state_dicts = distributed.read_state_dicts(reader, candidate, self.rank, live)
             except RESTORE_ERRORS as e:
                 warnings.warn(
                     f"checkpoint step {candidate} in {self.storage.uri} cannot be restored ({e}); "
@@ -319,11 +322,15 @@ class Checkpointer:
         interval = self._tuner.interval
         if self._client is not None and self._client.interval:
             interval = self._client.interval
+        elif self._sync is not None and self._sync.interval:
+            interval = self._sync.interval  # rank 0's, so that every rank picks the same step
         return self._step - self._last_checkpoint_step >= interval
 
     def _checkpoint(self, *, force: bool) -> Future[int] | None:
         assert self._persist is not None and self._snapshotter is not None
-        if self._persist.busy:
+        # With several ranks, prepare_snapshot tells every rank whether one is busy: they
+        # skip together, or one rank's part would be missing and the step never commit.
+        if self._persist.busy and (force or self._sync is None):
             if not force:
                 # Host buffers are still being written out: reusing them now would corrupt
                 # that checkpoint, and waiting would stall training. Skip; try again later.
@@ -341,9 +348,23 @@ class Checkpointer:
         t0 = time.perf_counter()
         flat = flatten(self.state, rng=self.rng)
         flat.skeleton[META_KEY] = {"step": self._step}
-        snap = self._snapshotter.take(self._step, flat, protected_pointers(self._optimizers))
+        shards = distributed.prepare_snapshot(
+            flat,
+            self._global_names,
+            self._sync,
+            busy=self._persist.busy,
+            interval=self._tuner.interval if self._tuner is not None else None,
+            rank=self.rank,
+        )
+        if shards is None:
+            self.stats.skipped += 1
+            log.warning("checkpoint at step %d skipped: a rank is still persisting", self._step)
+            return None
+        protected = protected_pointers(self._optimizers)
+        protected |= distributed.local_pointers(self._optimizers)
+        snap = self._snapshotter.take(self._step, flat, protected)
         self._current = snap
-        future = self._persist.submit(snap)
+        future = self._persist.submit(snap, shards=shards)
         self._pending = [f for f in self._pending if not f.done()] + [future]
         self._last_checkpoint_step = self._step
         self.stats.snapshots += 1

@@ -1,19 +1,46 @@
-"""Process groups, cross-rank commit agreement and per-rank read plans.
+"""Process groups, cross-rank agreement, shard metadata and per-rank read plans.
 
-Cross-rank agreement never uses the training group from a background thread: the commit
-protocol counts finished ranks in the job's c10d store (a key per step, ``store.add``), so
-a rank that dies leaves the count short and the step uncommitted, and nobody blocks.
+Writing. Every tensor a rank saves is a *box* of a global tensor (``Shard``: global shape +
+offset). A DTensor (FSDP2, tensor parallel, 2-D meshes) contributes its local shard at its
+global offset; where its mesh replicates it, one replica writes it (chosen by a stable hash
+of the name). A plain tensor of a module or optimizer is taken as replicated over the ranks
+that hold it (DDP): one of them writes it, chosen by a plan every rank computes alike
+(largest first, to the least-loaded holder), so no rank writes much more than its share.
+Other plain tensors (RNG states, data loaders, schedulers) are per-rank: they stay inside
+that rank's skeleton.
+
+Agreement. Cross-rank agreement never uses the training group from a background thread.
+At each checkpoint, on the training thread, every rank publishes a small record in the
+job's c10d store (busy or not, its interval, a digest of what it holds) and reads
+everyone's: all ranks then take or skip the checkpoint together, use rank 0's interval,
+and compute the same write plan. The commit counts finished ranks in the store
+(``store.add``), so a rank that dies leaves the count short and the step uncommitted, and
+nobody blocks.
+
+Reading. ``read_state_dicts`` builds each rank's state from a global manifest: for every
+tensor it reads only the chunks whose boxes overlap what this rank holds (a DTensor's local
+shard, or the whole tensor), verifies each chunk's checksum over the whole chunk (it is the
+unit that is checksummed, so sub-ranges are never read), and copies the overlap.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import pickle
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 
+from checkflow import manifest as mf
 from checkflow.persist import CommitProtocol, RankResult
+from checkflow.state import FlatState, TensorRef, iter_refs, unflatten
 
 if TYPE_CHECKING:
     from checkflow.restore import CheckpointReader
@@ -21,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# -- groups ------------------------------------------------------------------------------
 def resolve_group(process_group: Any) -> Any:
     """The group to checkpoint: the one given, else the default group when initialized."""
     if process_group is not None:
@@ -36,22 +64,498 @@ def rank_and_world(group: Any) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def _is_dtensor(t: Any) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+# -- boxes -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Where a stored local tensor sits in its global tensor."""
+
+    global_shape: tuple[int, ...]
+    offset: tuple[int, ...]
+
+
+def dtensor_box(t: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(local shape, global offset) of this rank's shard of DTensor ``t``."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return tuple(shape), tuple(offset)
+
+
+def _replica_index(t: Any) -> tuple[int, int]:
+    """(this rank's index among the ranks holding the same shard, how many hold it)."""
+    from torch.distributed.tensor import Shard as ShardPlacement
+
+    mesh = t.device_mesh
+    coord = mesh.get_coordinate()
+    index, count = 0, 1
+    for dim, placement in enumerate(t.placements):
+        if isinstance(placement, ShardPlacement):
+            continue
+        size = mesh.size(dim)
+        index = index * size + (coord[dim] if coord is not None else 0)
+        count *= size
+    return index, count
+
+
+def _writes_replica(fqn: str, t: Any) -> bool:
+    index, count = _replica_index(t)
+    return count == 1 or zlib.crc32(fqn.encode()) % count == index
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass(slots=True)
+class LocalState:
+    """One rank's view of a flattened state before the write plan is known."""
+
+    shards: dict[str, tuple[torch.Tensor, Shard]] = field(default_factory=dict)
+    """DTensor local shards this rank writes (replica dedup already applied)."""
+    replicated: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Plain module/optimizer tensors, replicated over the ranks that hold them."""
+
+    @property
+    def holdings(self) -> dict[str, int]:
+        return {fqn: _nbytes(t) for fqn, t in self.replicated.items()}
+
+    @property
+    def shard_bytes(self) -> int:
+        return sum(_nbytes(t) for t, _ in self.shards.values())
+
+
+def split_state(flat: FlatState, global_names: set[str]) -> LocalState:
+    """Sort ``flat``'s tensors into DTensor shards and replicated tensors; move per-rank
+    tensors (every plain tensor not under a name in ``global_names``) into the skeleton.
+
+    Mutates ``flat.skeleton`` (it is a private deep copy) and empties ``flat.tensors``.
+    """
+    local = LocalState()
+    per_rank: dict[str, torch.Tensor] = {}
+    for fqn, t in flat.tensors.items():
+        if _is_dtensor(t):
+            shape, offset = dtensor_box(t)
+            if _writes_replica(fqn, t) and math.prod(shape) > 0:
+                local.shards[fqn] = (t.to_local(), Shard(tuple(t.shape), offset))
+        elif fqn.split(".", 1)[0] in global_names:
+            local.replicated[fqn] = t
+        else:
+            # Cloned: the skeleton is pickled in the background while training goes on.
+            per_rank[fqn] = t.detach().clone()
+    if per_rank:
+        flat.skeleton = _inline(flat.skeleton, per_rank)
+    flat.tensors = {}
+    return local
+
+
+def _inline(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """The skeleton with the refs named in ``tensors`` replaced by those tensors."""
+    if isinstance(skeleton, TensorRef):
+        return tensors.get(skeleton.fqn, skeleton)
+    if isinstance(skeleton, Mapping):
+        result = type(skeleton)((k, _inline(v, tensors)) for k, v in skeleton.items())
+        if hasattr(skeleton, "_metadata"):
+            result._metadata = skeleton._metadata  # type: ignore[attr-defined]
+        return result
+    if isinstance(skeleton, list):
+        return [_inline(v, tensors) for v in skeleton]
+    if isinstance(skeleton, tuple) and not hasattr(skeleton, "_fields"):
+        return tuple(_inline(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def global_state_names(state: Mapping[str, Any]) -> set[str]:
+    """Names of state objects whose plain tensors are global (modules and optimizers)."""
+    return {
+        name
+        for name, obj in state.items()
+        if isinstance(obj, torch.nn.Module | torch.optim.Optimizer)
+        or getattr(obj, "checkflow_global", False)
+    }
+
+
+# -- the write plan ----------------------------------------------------------------------
+def balanced_writers(
+    holders: Mapping[str, Iterable[int]],
+    sizes: Mapping[str, int],
+    base_load: Mapping[int, int] | None = None,
+) -> dict[str, int]:
+    """Pick one writer per replicated tensor: largest first, to its least-loaded holder.
+
+    Pure and deterministic, so every rank computes the same plan from the same inputs.
+    """
+    load: dict[int, int] = dict(base_load or {})
+    plan: dict[str, int] = {}
+    for fqn in sorted(sizes, key=lambda f: (-sizes[f], f)):
+        ranks = sorted(holders[fqn])
+        writer = min(ranks, key=lambda r: (load.get(r, 0), r))
+        plan[fqn] = writer
+        load[writer] = load.get(writer, 0) + sizes[fqn]
+    return plan
+
+
+@dataclass(slots=True)
+class Agreement:
+    """What every rank decided together at one checkpoint."""
+
+    go: bool
+    """False when some rank is still persisting: every rank skips this checkpoint."""
+    interval: int | None
+    """Rank 0's checkpoint interval (``every="auto"``)."""
+    writers: dict[str, int]
+    """Writer rank of each replicated tensor."""
+
+
+class RankSync:
+    """Cross-rank agreement of one ``Checkpointer`` through the job's c10d store.
+
+    Construct it on every rank in the same order (it takes a generation number from the
+    store, so several checkpointers in one job never read each other's keys). ``agree`` is
+    called on the training thread by every rank at the same checkpoint; ``commit`` is the
+    ``CommitProtocol`` used by the persist threads (store operations only, no collectives).
+    """
+
+    def __init__(self, group: Any, uri: str) -> None:
+        self.rank, self.world_size = rank_and_world(group)
+        key = hashlib.sha1(uri.encode()).hexdigest()[:12]
+        base = dist.distributed_c10d._get_default_store()
+        root = dist.PrefixStore(f"checkflow/{key}/", base)
+        generation = (root.add("generation", 1) - 1) // self.world_size
+        self.store = dist.PrefixStore(f"g{generation}/", root)
+        self.commit = StoreCommit(self.store, self.world_size)
+        self._round = 0
+        self.interval: int | None = None
+        """Rank 0's interval as of the last agreement (``every="auto"``)."""
+        self._known: dict[str, dict[str, int]] = {}
+        self._plans: dict[tuple[Any, ...], dict[str, int]] = {}
+
+    def agree(self, *, busy: bool, interval: int | None, local: LocalState) -> Agreement:
+        """Publish this rank's record for the next checkpoint and read every rank's."""
+        self._round += 1
+        holdings = local.holdings
+        digest = hashlib.sha1(pickle.dumps(sorted(holdings.items()))).hexdigest()[:16]
+        if digest not in self._known:
+            self.store.set(f"holdings/{digest}", pickle.dumps(holdings))
+            self._known[digest] = holdings
+        record = (busy, interval, digest, local.shard_bytes)
+        self.store.set(f"round/{self._round}/{self.rank}", pickle.dumps(record))
+        records = [
+            pickle.loads(self.store.get(f"round/{self._round}/{r}")) for r in range(self.world_size)
+        ]
+        if self._round > 2 and self.rank == 0:
+            # Old rounds are read by everyone by now (each rank read them to get here).
+            for r in range(self.world_size):
+                self.store.delete_key(f"round/{self._round - 2}/{r}")
+        digests = tuple(rec[2] for rec in records)
+        shard_bytes = tuple(rec[3] for rec in records)
+        plan_key = (digests, shard_bytes)
+        if plan_key not in self._plans:
+            self._plans = {plan_key: self._plan(digests, shard_bytes)}
+        return Agreement(
+            go=not any(rec[0] for rec in records),
+            interval=records[0][1],
+            writers=self._plans[plan_key],
+        )
+
+    def _plan(self, digests: tuple[str, ...], shard_bytes: tuple[int, ...]) -> dict[str, int]:
+        holders: dict[str, list[int]] = {}
+        sizes: dict[str, int] = {}
+        for rank, digest in enumerate(digests):
+            if digest not in self._known:
+                self._known[digest] = pickle.loads(self.store.get(f"holdings/{digest}"))
+            for fqn, nbytes in self._known[digest].items():
+                holders.setdefault(fqn, []).append(rank)
+                sizes[fqn] = nbytes
+        return balanced_writers(holders, sizes, dict(enumerate(shard_bytes)))
+
+
 class StoreCommit(CommitProtocol):
     """The last rank to finish a step commits it, counted in the c10d store."""
 
-    def __init__(self, group: Any, uri: str) -> None:
-        self.world_size = dist.get_world_size(group)
-        key = hashlib.sha1(uri.encode()).hexdigest()[:12]
-        base = dist.distributed_c10d._get_default_store()
-        self.store = dist.PrefixStore(f"checkflow/{key}/", base)
+    def __init__(self, store: Any, world_size: int) -> None:
+        self.store = store
+        self.world_size = world_size
 
     def rank_persisted(self, step: int, rank: RankResult) -> bool:
         done = self.store.add(f"persisted/{step}", 1)
         return done == self.world_size
 
 
-def read_state_dicts(reader: CheckpointReader, step: int, rank: int) -> dict[str, Any]:
-    """``{name: state_dict}`` for ``rank``: its own objects when the step was saved with
-    that rank, else rank 0's; tensors assembled whole."""
+def snapshot_inputs(
+    flat: FlatState, local: LocalState, writers: Mapping[str, int], rank: int
+) -> dict[str, Shard]:
+    """Fill ``flat.tensors`` with what this rank writes; returns their shards."""
+    shards: dict[str, Shard] = {}
+    for fqn, (t, shard) in local.shards.items():
+        flat.tensors[fqn] = t
+        shards[fqn] = shard
+    for fqn, t in local.replicated.items():
+        if writers.get(fqn, rank) == rank:
+            flat.tensors[fqn] = t
+            shards[fqn] = Shard(tuple(t.shape), (0,) * t.dim())
+    return shards
+
+
+def local_pointers(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
+    """Storage pointers of the local shards of DTensor parameters and optimizer state.
+
+    A DTensor has no storage of its own; its local tensor does, and that is what a snapshot
+    copies, so the optimizer hook must protect it.
+    """
+    out: set[int] = set()
+
+    def add(t: Any) -> None:
+        if _is_dtensor(t):
+            out.add(t.to_local().untyped_storage().data_ptr())
+
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                add(p)
+        for per_param in opt.state.values():
+            for v in per_param.values():
+                add(v)
+    return out
+
+
+# -- reading -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How this rank holds a tensor: a DTensor's mesh and placements."""
+
+    mesh: Any
+    placements: tuple[Any, ...]
+    global_shape: tuple[int, ...]
+
+
+def live_layouts(state: Mapping[str, Any]) -> dict[str, Layout]:
+    """``{fqn: Layout}`` of every DTensor in the live state, and of the optimizer state
+    that does not exist yet but will be sharded like its parameter (``optim.state.3``)."""
+    from checkflow.state import flatten
+
+    out: dict[str, Layout] = {}
+    for fqn, t in flatten(state).tensors.items():
+        if _is_dtensor(t):
+            out[fqn] = Layout(t.device_mesh, tuple(t.placements), tuple(t.shape))
+    for name, obj in state.items():
+        if not isinstance(obj, torch.optim.Optimizer):
+            continue
+        index = 0
+        for group in obj.param_groups:
+            for p in group["params"]:
+                if _is_dtensor(p):
+                    out[f"{name}.state.{index}"] = Layout(
+                        p.device_mesh, tuple(p.placements), tuple(p.shape)
+                    )
+                index += 1
+    return out
+
+
+def _layout_for(fqn: str, shape: list[int], layouts: Mapping[str, Layout]) -> Layout | None:
+    layout = layouts.get(fqn)
+    if layout is None:
+        # Optimizer state (``optim.state.3.exp_avg``) follows its parameter's layout when
+        # it has the parameter's shape; scalars such as ``step`` stay plain.
+        parent = fqn.rsplit(".", 1)[0]
+        layout = layouts.get(parent)
+    if layout is None or list(layout.global_shape) != list(shape):
+        return None
+    return layout
+
+
+def chunk_index(reader: CheckpointReader, step: int) -> dict[str, list[tuple[int, mf.ChunkEntry]]]:
+    """Every stored box of ``step``, by tensor name: ``{fqn: [(rank, chunk), ...]}``."""
+    index: dict[str, list[tuple[int, mf.ChunkEntry]]] = {}
+    for rm in reader.rank_manifests(step):
+        for c in rm.chunks:
+            index.setdefault(c.fqn, []).append((rm.rank, c))
+    return index
+
+
+def read_box(
+    reader: CheckpointReader,
+    step: int,
+    parts: list[tuple[int, mf.ChunkEntry]],
+    offset: tuple[int, ...],
+    shape: tuple[int, ...],
+) -> torch.Tensor:
+    """The box ``offset``/``shape`` of a global tensor, from the chunks that overlap it.
+
+    Raises:
+        CorruptCheckpointError: the stored chunks do not cover the box.
+    """
+    from checkflow.codec.base import dtype_from_name
+    from checkflow.restore import CorruptCheckpointError
+
+    first = parts[0][1]
+    if not first.global_shape:
+        return reader.chunk(step, parts[0][0], first)
+    if len(parts) == 1 and tuple(first.shape) == shape and tuple(first.offset) == offset:
+        return reader.chunk(step, parts[0][0], first)
+    out = torch.empty(shape, dtype=dtype_from_name(first.dtype))
+    covered = 0
+    for rank, c in parts:
+        lo = [max(a, b) for a, b in zip(c.offset, offset, strict=True)]
+        hi = [
+            min(a + n, b + m) for a, n, b, m in zip(c.offset, c.shape, offset, shape, strict=True)
+        ]
+        if any(h <= lo_ for lo_, h in zip(lo, hi, strict=True)):
+            continue  # no overlap: this chunk is never read
+        data = reader.chunk(step, rank, c)
+        src, dst = data, out
+        for dim, (a, b) in enumerate(zip(lo, hi, strict=True)):
+            src = src.narrow(dim, a - c.offset[dim], b - a)
+            dst = dst.narrow(dim, a - offset[dim], b - a)
+        dst.copy_(src)
+        covered += math.prod(b - a for a, b in zip(lo, hi, strict=True))
+    if covered < out.numel():
+        raise CorruptCheckpointError(
+            step, parts[0][0], first.fqn, first.file, f"chunks cover {covered} of {out.numel()}"
+        )
+    return out
+
+
+def _read_tensor(
+    reader: CheckpointReader,
+    step: int,
+    parts: list[tuple[int, mf.ChunkEntry]],
+    layout: Layout | None,
+) -> torch.Tensor:
+    gshape = tuple(parts[0][1].global_shape)
+    if layout is None:
+        return read_box(reader, step, parts, (0,) * len(gshape), gshape)
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(gshape, layout.mesh, layout.placements)
+    local = read_box(reader, step, parts, tuple(offset), tuple(shape))
+    return DTensor.from_local(
+        local,
+        layout.mesh,
+        layout.placements,
+        run_check=False,
+        shape=torch.Size(gshape),
+        stride=torch.empty(gshape, device="meta").stride(),
+    )
+
+
+def read_state_dicts(
+    reader: CheckpointReader,
+    step: int,
+    rank: int,
+    live: LiveState | None = None,
+) -> dict[str, Any]:
+    """``{name: state_dict}`` for ``rank`` of the job restoring now.
+
+    Per-rank values (RNG, data position, schedulers) come from the same rank of the saved
+    job when it had one, else from rank 0. Tensors come from every saved rank's chunks:
+    whole tensors, or the local shard of a DTensor laid out as in ``live`` (a DTensor is
+    returned). ``live.module_keys`` lets a pipeline stage take its modules from whichever
+    saved stage held them, under their global names.
+    """
     world = reader.manifest(step).world_size
-    return reader.state_dicts(step, rank if rank < world else 0)
+    source = rank if rank < world else 0
+    skeleton = reader.skeleton(step, source)
+    layouts = live.layouts if live is not None else {}
+    for name, keys in (live.module_keys if live is not None else {}).items():
+        held = skeleton.get(name)
+        if isinstance(held, Mapping) and not keys <= held.keys():
+            skeleton[name] = _gather_module(reader, step, world, name, keys)
+    index = chunk_index(reader, step)
+    tensors: dict[str, torch.Tensor] = {}
+    for fqn in iter_refs(skeleton):
+        if fqn not in index:
+            raise KeyError(f"step {step} has no tensor {fqn!r}")
+        parts = index[fqn]
+        layout = _layout_for(fqn, parts[0][1].global_shape, layouts)
+        tensors[fqn] = _read_tensor(reader, step, parts, layout)
+    return unflatten(skeleton, tensors)
+
+
+def _gather_module(
+    reader: CheckpointReader, step: int, world: int, name: str, keys: set[str]
+) -> dict[str, Any]:
+    """A module's state_dict entries ``keys``, collected from every saved rank (stages)."""
+    out: dict[str, Any] = OrderedDict()
+    metadata: dict[str, Any] = {}
+    for r in range(world):
+        held = reader.skeleton(step, r).get(name)
+        if not isinstance(held, Mapping):
+            continue
+        for k, v in held.items():
+            if k in keys:
+                out.setdefault(k, v)
+        metadata.update(getattr(held, "_metadata", {}))
+    if missing := keys - out.keys():
+        raise KeyError(f"step {step} has no {name}.{sorted(missing)[0]} on any rank")
+    out._metadata = metadata  # type: ignore[attr-defined]
+    return out
+
+
+__all__ = [
+    "Agreement",
+    "Layout",
+    "LocalState",
+    "RankSync",
+    "Shard",
+    "StoreCommit",
+    "balanced_writers",
+    "live_layouts",
+    "read_state_dicts",
+]
+
+
+# -- the training-thread side of a checkpoint ---------------------------------------------
+def prepare_snapshot(
+    flat: FlatState,
+    global_names: set[str],
+    sync: RankSync | None,
+    *,
+    busy: bool,
+    interval: int | None,
+    rank: int,
+) -> dict[str, Shard] | None:
+    """Reduce ``flat`` to what this rank writes; returns its shards, or None to skip.
+
+    Without a ``sync`` (one rank) and without DTensors, ``flat`` is left as it is. With a
+    ``sync`` every rank must call this at the same checkpoint: they skip together when any
+    of them is still persisting (``busy``), else each keeps its share.
+    """
+    if sync is None and not any(_is_dtensor(t) for t in flat.tensors.values()):
+        return {}
+    local = split_state(flat, global_names if sync is not None else set(flat.skeleton))
+    writers: dict[str, int] = {}
+    if sync is not None:
+        agreed = sync.agree(busy=busy, interval=interval, local=local)
+        sync.interval = agreed.interval
+        if not agreed.go:
+            return None
+        writers = agreed.writers
+    return snapshot_inputs(flat, local, writers, rank)
+
+
+@dataclass(slots=True)
+class LiveState:
+    """What a restore needs to know about the live state objects of this rank."""
+
+    layouts: dict[str, Layout]
+    module_keys: dict[str, set[str]]
+
+
+def live_state(state: Mapping[str, Any]) -> LiveState:
+    return LiveState(
+        layouts=live_layouts(state),
+        module_keys={
+            name: set(obj.state_dict().keys())
+            for name, obj in state.items()
+            if isinstance(obj, torch.nn.Module)
+        },
+    )

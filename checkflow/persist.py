@@ -95,6 +95,9 @@ class PersistJob:
     future: Future[int]
     full: bool = False
     """Force a full (non-delta) checkpoint."""
+    shards: dict[str, Any] | None = None
+    """``{fqn: distributed.Shard}``: where a local tensor sits in its global tensor
+    (absent: the tensor is whole)."""
 
 
 @dataclass(slots=True)
@@ -162,11 +165,15 @@ class PersistWorker:
         self._thread.start()
 
     # -- training-thread side --------------------------------------------------------------
-    def submit(self, snapshot: Snapshot, *, full: bool = False) -> Future[int]:
-        """Queue ``snapshot``; the future resolves to its step once committed (or raises)."""
+    def submit(
+        self, snapshot: Snapshot, *, full: bool = False, shards: dict[str, Any] | None = None
+    ) -> Future[int]:
+        """Queue ``snapshot``; the future resolves to its step once committed (or raises).
+
+        ``shards`` places local tensors (DTensor shards) in their global tensors."""
         future: Future[int] = Future()
         self._busy.set()
-        self._queue.put(PersistJob(snapshot, future, full))
+        self._queue.put(PersistJob(snapshot, future, full, shards))
         return future
 
     @property
@@ -223,7 +230,8 @@ class PersistWorker:
         new_refs: dict[tuple[str, int], Any] = {}
         chunks: list[mf.ChunkEntry] = []
         for fqn, tensor in snap.tensors.items():
-            chunks.extend(self._encode_tensor(fqn, tensor, writer, full, new_refs))
+            shard = (job.shards or {}).get(fqn)
+            chunks.extend(self._encode_tensor(fqn, tensor, writer, full, new_refs, shard))
         objects = [writer.add_object("skeleton", _pickle(snap.skeleton))]
         writer.flush()
         rank_manifest = mf.RankManifest(
@@ -277,10 +285,13 @@ class PersistWorker:
         writer: _DataFileWriter,
         full: bool,
         new_refs: dict[tuple[str, int], Any],
+        shard: Any = None,
     ) -> list[mf.ChunkEntry]:
         name = self.codecs.name_for(fqn, tensor)
         codec = get_codec(name)
         shape = tuple(tensor.shape)
+        global_shape = list(shard.global_shape) if shard is not None else list(shape)
+        origin = list(shard.offset) if shard is not None else [0] * len(shape)
         entries = []
         for start, stop in chunk_boxes(shape, tensor.element_size(), knobs.chunk_bytes()):
             box = tensor.reshape(1) if not shape else tensor[start:stop]
@@ -293,8 +304,8 @@ class PersistWorker:
                 mf.ChunkEntry(
                     fqn=fqn,
                     dtype=dtype_name(tensor.dtype),
-                    global_shape=list(shape),
-                    offset=[start] + [0] * (len(shape) - 1) if shape else [],
+                    global_shape=global_shape,
+                    offset=[origin[0] + start, *origin[1:]] if shape else [],
                     shape=list(box.shape) if shape else [],
                     codec=name,
                     params=encoded.params,
