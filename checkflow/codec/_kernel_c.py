@@ -25,6 +25,14 @@ static inline uint16_t f32_bf16(float f) {
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 static inline float f32_f32(uint32_t u) { return bits_f32(u); }
+/* Float order as signed-int order (finite or inf), so min/max reductions vectorize. */
+static inline int32_t sortable(float f) {
+    int32_t i = (int32_t)f32_bits(f);
+    return i ^ ((i >> 31) & 0x7fffffff);
+}
+static inline float unsortable(int32_t k) {
+    return bits_f32((uint32_t)(k ^ ((k >> 31) & 0x7fffffff)));
+}
 
 static void pack(const uint8_t *q, int64_t n, int bits, uint8_t *out) {
     if (bits == 8) { memcpy(out, q, (size_t)n); return; }
@@ -67,46 +75,55 @@ static int quant_##NAME(const T *x, const T *r, int64_t n, int levels, int log_s
     }                                                                                       \
     if (!finite) return RAW;                                                                \
     if (log_space && !(orx & SIGN)) {                                                       \
-        int64_t lo = INT64_MAX, hi = INT64_MIN;                                             \
+        /* Bits of non-negative finite values fit int32, so d does; the rest is exact       \
+           integer arithmetic carried in doubles (all values < 2^34), which vectorizes. */  \
+        int32_t lo = INT32_MAX, hi = INT32_MIN;                                             \
         for (int64_t i = 0; i < n; i++) {                                                   \
-            int64_t di = (int64_t)x[i] - (int64_t)r[i];                                     \
+            int32_t di = (int32_t)x[i] - (int32_t)r[i];                                     \
             lo = di < lo ? di : lo; hi = di > hi ? di : hi;                                 \
         }                                                                                   \
-        int64_t step = (hi - lo + (levels - 1)) / levels;                                   \
-        int64_t safe = step > 0 ? step : 1;                                                 \
+        int64_t step = ((int64_t)hi - (int64_t)lo + (levels - 1)) / levels;                 \
+        double safe = step > 0 ? (double)step : 1.0, half = (double)(step > 0 ? step / 2 : 0);\
+        double dlo = (double)lo, dstep = (double)step;                                      \
         for (int64_t i = 0; i < n; i++) {                                                   \
-            int64_t rb = (int64_t)r[i];                                                     \
-            int64_t q = ((int64_t)x[i] - rb - lo + safe / 2) / safe;                        \
-            qb[i] = (uint8_t)q;                                                             \
-            int64_t v = rb + (lo + q * step);                                               \
-            v = v < 0 ? 0 : (v > (int64_t)MAXBITS ? (int64_t)MAXBITS : v);                 \
-            nr[i] = (T)v;                                                                   \
+            double rb = (double)(int32_t)r[i];                                              \
+            double q = (double)(int32_t)(((double)(int32_t)x[i] - rb - dlo + half) / safe); \
+            qb[i] = (uint8_t)(int32_t)q;                                                    \
+            double v = rb + (dlo + q * dstep);                                              \
+            v = v < 0.0 ? 0.0 : v;                                                          \
+            v = v > (double)MAXBITS ? (double)MAXBITS : v;                                  \
+            nr[i] = (T)(int32_t)v;                                                          \
         }                                                                                   \
-        meta[0] = (int32_t)lo; meta[1] = (int32_t)step;                                     \
+        meta[0] = lo; meta[1] = (int32_t)step;                                              \
         return LOG;                                                                         \
     }                                                                                       \
-    float lo = INFINITY, hi = -INFINITY;                                                    \
+    int32_t klo = INT32_MAX, khi = INT32_MIN;                                               \
     for (int64_t i = 0; i < n; i++) {                                                       \
         float di = TOF(x[i]) - TOF(r[i]);                                                   \
         d[i] = di;                                                                          \
-        lo = di < lo ? di : lo; hi = di > hi ? di : hi;                                     \
+        int32_t k = sortable(di);                                                           \
+        klo = k < klo ? k : klo; khi = k > khi ? k : khi;                                   \
     }                                                                                       \
+    float lo = unsortable(klo), hi = unsortable(khi);                                       \
     float scale = (hi - lo) / (float)levels;                                                \
     if (!isfinite(lo) || !isfinite(scale)) return RAW;                                      \
-    float safe = scale > 0.0f ? scale : 1.0f;                                               \
+    float inv = 1.0f / (scale > 0.0f ? scale : 1.0f);                                       \
+    if (!isfinite(inv)) return RAW;                                                         \
     float fl = (float)levels;                                                               \
-    int ok = 1;                                                                             \
     for (int64_t i = 0; i < n; i++) {                                                       \
-        float qf = rintf((d[i] - lo) / safe);                                               \
-        qf = qf < 0.0f ? 0.0f : (qf > fl ? fl : qf);                                        \
-        uint8_t q = (uint8_t)qf;                                                            \
-        qb[i] = q;                                                                          \
-        float t = (float)q * scale;                                                         \
+        float v = (d[i] - lo) * inv + 0.5f;   /* >= 0.5: lo is the minimum of d */          \
+        v = v > fl ? fl : v;                                                                \
+        qb[i] = (uint8_t)(int32_t)v;                                                        \
+    }                                                                                       \
+    int bad = 0;                                                                            \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+        float t = (float)qb[i] * scale;                                                     \
         t = lo + t;                                                                         \
         T v = FROMF(TOF(r[i]) + t);                                                         \
         nr[i] = v;                                                                          \
-        ok &= (v & EXPMASK) != EXPMASK;                                                     \
+        bad |= (v & EXPMASK) == EXPMASK;                                                    \
     }                                                                                       \
+    int ok = !bad;                                                                          \
     if (!ok) return RAW;                                                                    \
     memcpy(&meta[0], &lo, 4); memcpy(&meta[1], &scale, 4);                                  \
     return LINEAR;                                                                          \
@@ -115,11 +132,12 @@ static int quant_##NAME(const T *x, const T *r, int64_t n, int levels, int log_s
 static void dequant_##NAME(T *r, int64_t n, int kind, const int32_t *meta,                  \
                            const uint8_t *qb) {                                             \
     if (kind == LOG) {                                                                      \
-        int64_t lo = meta[0], step = meta[1];                                               \
+        double dlo = (double)meta[0], dstep = (double)meta[1];                              \
         for (int64_t i = 0; i < n; i++) {                                                   \
-            int64_t v = (int64_t)r[i] + (lo + (int64_t)qb[i] * step);                       \
-            v = v < 0 ? 0 : (v > (int64_t)MAXBITS ? (int64_t)MAXBITS : v);                  \
-            r[i] = (T)v;                                                                    \
+            double v = (double)(int32_t)r[i] + (dlo + (double)qb[i] * dstep);               \
+            v = v < 0.0 ? 0.0 : v;                                                          \
+            v = v > (double)MAXBITS ? (double)MAXBITS : v;                                  \
+            r[i] = (T)(int32_t)v;                                                           \
         }                                                                                   \
         return;                                                                             \
     }                                                                                       \

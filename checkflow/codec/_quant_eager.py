@@ -55,8 +55,10 @@ def _quant_linear(
     lo, hi = d.amin(dim=-1), d.amax(dim=-1)
     scale = (hi - lo) / levels
     ok = torch.isfinite(lo) & torch.isfinite(scale)
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = ((d - lo[:, None]) / safe[:, None]).round_().clamp_(0, levels)
+    inv = 1.0 / torch.where(scale > 0, scale, torch.ones_like(scale))
+    ok &= torch.isfinite(inv)
+    # Multiply by the reciprocal and round half up, as the kernel does (encoder-only choice).
+    q = ((d - lo[:, None]) * inv[:, None]).add_(0.5).floor_().clamp_(0, levels)
     q = torch.nan_to_num_(q, nan=0.0).to(torch.uint8)
     lo, scale = torch.where(ok, lo, 0.0), torch.where(ok, scale, 0.0)
     new = dequant_linear(r, q, lo, scale)
