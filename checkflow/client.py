@@ -262,6 +262,26 @@ class CoordinatorClient:
             # Not fatal: the coordinator also learns commits by listing storage.
             logger.warning("could not report commit of step %d: %s", step, e)
 
+    def finish(self) -> None:
+        """Training ended normally: the coordinator stops watching this rank.
+
+        Call it before :meth:`close` when the training loop completed; without it, the
+        rank's silence after exit is declared a failure after the heartbeat timeout.
+        """
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        if self._generation is None:
+            return
+        path = f"/v1/jobs/{self.job}/ranks/{self.rank}/finish"
+        try:
+            body: dict[str, Any] = {"generation": self._generation}
+            if self._progress is not None:
+                body["step"] = self._progress[0]
+            self._request(self._http, "POST", path, body, lock=True)
+        except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
+            logger.warning("could not tell the coordinator that rank %d finished: %s", self.rank, e)
+
     def close(self) -> None:
         """Stop the heartbeat thread and close connections."""
         self._stop.set()
@@ -490,6 +510,7 @@ def simulate_rank(argv: list[str] | None = None) -> int:
                 client.report_committed(step)
             emit("checkpoint", step=step, must_commit=must_commit, generation=client.generation)
     emit("done", step=args.steps, generation=client.generation)
+    client.finish()
     client.close()
     return 0
 

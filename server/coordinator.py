@@ -22,6 +22,7 @@ from checkflow_server.state import (
     ALIVE,
     COMMITTED,
     FAILED,
+    FINISHED,
     IN_PROGRESS,
     UNKNOWN,
     Checkpoint,
@@ -281,6 +282,25 @@ class Coordinator:
         self.metrics.heartbeats += len(reports)
         return job, actions
 
+    def finish(self, name: str, rank: int, generation: int, step: int | None = None) -> Job:
+        """``rank`` ended training normally: stop watching it (its silence is no failure)."""
+        job = self.job(name)
+        self._check_rank(job, rank)
+        t = job.ranks
+        if generation != job.generation or t.generation[rank] != generation:
+            raise Conflict(
+                f"generation {generation} is not rank {rank}'s current generation {job.generation}"
+            )
+        if t.state[rank] == ALIVE:
+            t.state[rank] = FINISHED
+            t.watch[rank] = math.inf
+            if step is not None:
+                t.step[rank] = step
+                job.max_step = max(job.max_step, step)
+            with self.store.transaction():
+                self.store.upsert_ranks(job.id, [t.row(rank)])
+        return job
+
     # --- checkpoints --------------------------------------------------------------------
     def report_part(
         self,
@@ -305,12 +325,15 @@ class Coordinator:
                 f"generation {generation} is not the job's current generation {job.generation}"
             )
         ck = job.checkpoints.get(step)
-        if ck is not None and ck.status == ABANDONED:
-            raise Conflict(f"checkpoint {step} was abandoned (the job moved on)")
         if ck is not None and ck.status == COMMITTED:
             return ck, False
+        # An abandoned attempt at this step from an older generation does not count: the
+        # restarted group takes the step again from scratch.
+        retry = ck is not None and ck.status == ABANDONED and ck.generation < generation
+        if ck is not None and ck.status == ABANDONED and not retry:
+            raise Conflict(f"checkpoint {step} was abandoned (the job moved on)")
         now = self.clock()
-        if ck is None:
+        if ck is None or retry:
             ck = Checkpoint(step=step, generation=generation, status=IN_PROGRESS, started=now)
             job.checkpoints[step] = ck
         old = ck.parts.get(rank)
@@ -321,6 +344,8 @@ class Coordinator:
         if len(ck.parts) == job.world_size and ck.committer is None:
             ck.committer = rank
         with self.store.transaction():
+            if retry:
+                self.store.delete_parts(job.id, step)
             self.store.upsert_checkpoint(job.id, ck.row())
             self.store.insert_part(job.id, {"step": step, **_part_row(part)})
         return ck, ck.committer == rank

@@ -180,6 +180,9 @@ class Store:
             [job_id, *(row[c] for c in PART_COLUMNS)],
         )
 
+    def delete_parts(self, job_id: int, step: int) -> None:
+        self.conn.execute("DELETE FROM parts WHERE job_id=? AND step=?", (job_id, step))
+
     def insert_event(
         self,
         job_id: int,

@@ -90,6 +90,11 @@ class Heartbeat(Strict):
     persist_s: Seconds | None = Field(default=None, description="Snapshot-to-commit time.")
 
 
+class FinishRequest(Strict):
+    generation: Generation
+    step: Step | None = Field(default=None, description="The last step trained.")
+
+
 class HeartbeatReply(BaseModel):
     action: Action
     generation: int
@@ -122,7 +127,7 @@ class NodeHeartbeatReply(BaseModel):
 class RankPublic(BaseModel):
     rank: int
     generation: int
-    state: Literal["unregistered", "alive", "failed", "aborted"]
+    state: Literal["unregistered", "alive", "failed", "aborted", "finished"]
     alive: bool = Field(description="Alive in the job's current generation.")
     step: int
     node: str | None

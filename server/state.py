@@ -18,6 +18,8 @@ FAILED = "failed"
 """Declared failed: missed heartbeats or re-registered after a crash."""
 ABORTED = "aborted"
 """Was told to abort (its generation ended); no longer watched."""
+FINISHED = "finished"
+"""Ended training normally; its silence is not a failure."""
 
 IN_PROGRESS = "in_progress"
 COMMITTED = "committed"

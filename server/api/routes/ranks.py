@@ -8,12 +8,14 @@ from checkflow_server.api.convert import rank_public, schedule_of
 from checkflow_server.api.deps import CoordinatorDep
 from checkflow_server.coordinator import RankReport
 from checkflow_server.models import (
+    FinishRequest,
     Heartbeat,
     HeartbeatReply,
     NodeHeartbeat,
     NodeHeartbeatReply,
     RankAction,
     RankList,
+    RankPublic,
     RegisterRequest,
     Registration,
 )
@@ -72,6 +74,14 @@ async def node_heartbeat(
         schedule=schedule_of(j),
         ranks=[RankAction(rank=r.rank, action=a) for r, a in zip(reports, actions, strict=True)],  # type: ignore[arg-type]
     )
+
+
+@router.post("/ranks/{rank}/finish", summary="A rank ended training normally")
+async def finish(
+    job: str, rank: RankPath, body: FinishRequest, coordinator: CoordinatorDep
+) -> RankPublic:
+    j = coordinator.finish(job, rank, body.generation, body.step)
+    return rank_public(j, rank)
 
 
 @router.get("/ranks", summary="Every rank of the job")
