@@ -1,0 +1,150 @@
+"""One rank of a distributed test job (run by ``_launch.run_ranks``, torchrun's environment).
+
+``argv[1]`` is a JSON config: ``scenario`` (train | restore | data), ``kind`` (ddp | fsdp |
+pipe | single), ``uri``, and the scenario's options. Results go to ``out`` (rank 0 writes
+the full, gathered state) and as JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from checkflow import Checkpointer
+
+IN, HIDDEN, MID, OUT = 8, 18, 10, 4  # 18 and 10 rows shard unevenly over 3, 4 and 8 ranks
+
+
+def build_model() -> nn.Sequential:
+    torch.manual_seed(0)  # the same initial weights on every rank and every run
+    return nn.Sequential(
+        nn.Linear(IN, HIDDEN),
+        nn.ReLU(),
+        nn.Dropout(0.1),  # draws from the per-rank RNG: a resume must restore it exactly
+        nn.Linear(HIDDEN, MID),
+        nn.ReLU(),
+        nn.Linear(MID, OUT),
+    )
+
+
+def wrap(model: nn.Module, kind: str, world: int) -> nn.Module:
+    if kind == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    if kind == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    return model
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, IN, generator=g), torch.randn(16, OUT, generator=g)
+
+
+def full(t: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        return t.full_tensor()
+    if isinstance(t, dict):
+        return {k: full(v) for k, v in t.items()}
+    if isinstance(t, list):
+        return [full(v) for v in t]
+    return t
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    # DDP's own state_dict prefixes every name with "module."; checkpoint the inner model
+    # so that the names match an FSDP2 or single-process model of the same architecture.
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def dump(model: nn.Module, opt: torch.optim.Optimizer | None, out: str | None, rank: int) -> None:
+    state = {"model": full(dict(unwrap(model).state_dict()))}
+    if opt is not None:
+        state["optim"] = full(opt.state_dict()["state"])
+    if out and rank == 0:
+        torch.save(state, out)
+
+
+def train(cfg: dict[str, Any], rank: int, world: int) -> None:
+    torch.manual_seed(100 + rank)  # per-rank RNG (dropout masks differ by rank)
+    model = wrap(build_model(), cfg["kind"], world)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    every = cfg.get("every", 2)
+    kill = cfg.get("kill") or {}
+    steps_taken = []
+    state = {"model": unwrap(model), "optim": opt}
+    with Checkpointer(cfg["uri"], state, every=every, keep=0) as ckpt:
+        start = ckpt.restore()
+        print(json.dumps({"restored": start}), flush=True)
+        for step in range(start, cfg["steps"]):
+            if cfg.get("slow_rank") == rank:
+                time.sleep(0.02)  # this rank's own timing would pick another interval
+            x, y = batch(step, rank)
+            loss = (model(x) - y).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            future = ckpt.step()
+            if future is not None:
+                steps_taken.append(ckpt.current_step)
+                # Waiting makes the committed steps predictable; not at the step a rank
+                # dies at, so that the kill lands inside that step's persist.
+                if cfg.get("wait") and ckpt.current_step != kill.get("after_step"):
+                    future.result()
+            if kill.get("rank") == rank and ckpt.current_step == kill["after_step"]:
+                time.sleep(kill.get("delay", 0.0))
+                os.kill(os.getpid(), signal.SIGKILL)
+        stats = ckpt.stats
+    print(json.dumps({"checkpoints": steps_taken, "skipped": stats.skipped}), flush=True)
+    dump(model, opt, cfg.get("out"), rank)
+
+
+def restore(cfg: dict[str, Any], rank: int, world: int) -> None:
+    model = wrap(build_model(), cfg["kind"], world)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    state = {"model": unwrap(model), "optim": opt}
+    with Checkpointer(cfg["uri"], state, every=1000) as ckpt:
+        step = ckpt.restore(cfg.get("step"))
+    if cfg.get("resave_uri"):
+        with Checkpointer(cfg["resave_uri"], state, every=1000) as again:
+            again.save().result()
+    if cfg["kind"] == "fsdp":
+        from torch.distributed.tensor import DTensor
+
+        shard = next(iter(model.parameters()))
+        assert isinstance(shard, DTensor)
+        print(json.dumps({"local_rows": shard.to_local().shape[0]}), flush=True)
+    elif cfg["kind"] == "single":
+        print(json.dumps({"local_rows": next(iter(model.parameters())).shape[0]}), flush=True)
+    print(json.dumps({"restored": step}), flush=True)
+    dump(model, opt, cfg.get("out"), rank)
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        {"train": train, "restore": restore}[cfg["scenario"]](cfg, rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

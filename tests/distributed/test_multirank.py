@@ -1,0 +1,76 @@
+"""Real gloo ranks (child processes): global commit, DDP dedup, FSDP2 shards, SIGKILL resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from checkflow import list_checkpoints
+from checkflow.manifest import MANIFEST, RankManifest, step_dir
+from tests.distributed._launch import run_ranks
+from tests.runtime._train import assert_bitwise_equal, load_final
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def _records(outputs: list[str]) -> list[dict]:
+    merged = []
+    for out in outputs:
+        rank: dict = {}
+        for line in out.splitlines():
+            if line.startswith("{"):
+                rank.update(json.loads(line))
+        merged.append(rank)
+    return merged
+
+
+def _kill_resume_matches_uninterrupted(tmp_path: Path, kind: str, kill_env: dict) -> None:
+    base = {"scenario": "train", "kind": kind, "steps": 8, "every": 2, "wait": True}
+    run_ranks(2, {**base, "uri": str(tmp_path / "ref"), "out": str(tmp_path / "ref.pt")})
+
+    uri = str(tmp_path / "run")
+    killed = {**base, "uri": uri, "kill": {"rank": 1, "after_step": 6, "delay": 0.3}}
+    run_ranks(2, killed, env=kill_env, expect_killed=True)
+    assert [c.step for c in list_checkpoints(uri)] == [2, 4]
+    assert not (tmp_path / "run" / step_dir(6) / MANIFEST).exists()
+
+    outs = run_ranks(2, {**base, "uri": uri, "out": str(tmp_path / "final.pt")})
+    assert [r["restored"] for r in _records(outs)] == [4, 4]
+    assert_bitwise_equal(load_final(tmp_path / "final.pt"), load_final(tmp_path / "ref.pt"))
+
+
+def test_ddp_rank_killed_mid_persist_leaves_step_invisible_and_resume_is_bitwise(tmp_path):
+    # The commit delay holds both ranks between their rank manifest and the commit; rank 1
+    # is SIGKILLed inside that window, so step 6 must never commit and step 4 is restored.
+    _kill_resume_matches_uninterrupted(tmp_path, "ddp", {"CHECKFLOW_TEST_COMMIT_DELAY_S": "1.5"})
+
+
+def test_ddp_replicated_tensors_are_written_once_with_balanced_bytes(tmp_path):
+    uri = tmp_path / "run"
+    run_ranks(2, {"scenario": "train", "kind": "ddp", "steps": 2, "every": 2, "uri": str(uri)})
+    ranks = [
+        RankManifest.from_json((uri / step_dir(2) / f"rank-0000{r}.json").read_bytes())
+        for r in range(2)
+    ]
+    names = [{c.fqn for c in rm.chunks} for rm in ranks]
+    assert not names[0] & names[1], "a replicated tensor was written by both ranks"
+    assert len(names[0] | names[1]) == 6 + 6 * 3  # 6 params + Adam's 3 states each
+    tensor_bytes = [sum(c.nbytes for c in rm.chunks) for rm in ranks]
+    assert max(tensor_bytes) <= 1.25 * min(tensor_bytes), tensor_bytes
+
+
+def test_fsdp2_sigkill_resume_is_bitwise_equal_to_uninterrupted(tmp_path):
+    _kill_resume_matches_uninterrupted(tmp_path, "fsdp", {"CHECKFLOW_TEST_COMMIT_DELAY_S": "1.5"})
+
+
+def test_every_auto_makes_every_rank_checkpoint_at_the_same_steps(tmp_path):
+    uri = tmp_path / "run"
+    cfg = {"scenario": "train", "kind": "ddp", "steps": 40, "every": "auto", "slow_rank": 1}
+    outs = run_ranks(2, {**cfg, "uri": str(uri)})
+    records = _records(outs)
+    assert records[0]["checkpoints"], "no checkpoint was taken"
+    assert records[0]["checkpoints"] == records[1]["checkpoints"]
+    committed = [c.step for c in list_checkpoints(str(uri))]
+    assert committed and set(committed) <= set(records[0]["checkpoints"])
