@@ -183,7 +183,7 @@ class NativeKernel:
         sections = [
             pack_bitmap(changed.astype(bool)),
             _zstd(memoryview(kinds[:nch])),
-            memoryview(meta[:nq]).cast("B"),
+            meta[:nq].tobytes(),
             memoryview(codes[:cb]),
             b"".join(raw_parts),
         ]

@@ -99,6 +99,9 @@ class DeltaCodec(Codec):
         if parts:
             xor = torch.cat(parts).view(x.dtype)
             payload = zstandard.ZstdCompressor(level=self.level).compress(shuffle_bytes(xor))
+        if len(bitmap) + len(payload) >= x.numel() * x.element_size():
+            # Cheaper to store the chunk as it is; ref already holds x.
+            return Encoded([tensor_bytes(x)], {"full": True}), ref
         params = {
             "block": self.block,
             "changed": int(changed.sum()),
