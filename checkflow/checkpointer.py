@@ -139,6 +139,8 @@ class Checkpointer:
         self._current: Snapshot | None = None
         self._pending: list[Future[int]] = []
         self._measure: _CheckpointCost | None = None
+        self._last_cost_s: float | None = None
+        self._last_persist_s: float | None = None
         self._lock = threading.Lock()
         self._sync: distributed.RankSync | None = None
         self._global_names = distributed.global_state_names(self.state)
@@ -312,17 +314,18 @@ class Checkpointer:
             log.error("a checkpoint failed while exiting: %s", e)
 
     def _due(self) -> bool:
-        if self._client is not None and self._client.next_checkpoint_step is not None:
-            nxt = self._client.next_checkpoint_step
-            if self._step >= nxt > self._last_checkpoint_step:
-                return True
+        if self._client is not None and self._tuner is not None:
+            # every="auto": the coordinator gives every rank of the job the same schedule;
+            # without a reply yet (or while it is down) the local policy decides. A fixed
+            # `every` is already the same on every rank.
+            decision = self._client.should_checkpoint(self._step)
+            if decision is not None:
+                return bool(decision)
         if isinstance(self.every, int):
             return self._step % self.every == 0
         assert self._tuner is not None
         interval = self._tuner.interval
-        if self._client is not None and self._client.interval:
-            interval = self._client.interval
-        elif self._sync is not None and self._sync.interval:
+        if self._sync is not None and self._sync.interval:
             interval = self._sync.interval  # rank 0's, so that every rank picks the same step
         return self._step - self._last_checkpoint_step >= interval
 
@@ -335,7 +338,9 @@ class Checkpointer:
                 # Host buffers are still being written out: reusing them now would corrupt
                 # that checkpoint, and waiting would stall training. Skip; try again later.
                 self.stats.skipped += 1
-                log.warning(
+                n = self.stats.skipped
+                log.log(
+                    logging.WARNING if n & (n - 1) == 0 else logging.DEBUG,  # 1, 2, 4, 8...
                     "checkpoint at step %d skipped: the previous persist is still running "
                     "(%d skipped so far)",
                     self._step,
@@ -390,6 +395,8 @@ class Checkpointer:
             return
         dt = now - self._last_step_end
         m = self._measure
+        if self._client is not None:
+            self._client.report_progress(self._step, dt, self._last_cost_s, self._last_persist_s)
         if self._tuner is None:
             return
         if m is None:
@@ -399,6 +406,7 @@ class Checkpointer:
         if baseline is not None:
             m.slowdown_s += max(0.0, dt - baseline)
         if m.persist_s is not None:
+            self._last_cost_s, self._last_persist_s = m.stall_s + m.slowdown_s, m.persist_s
             self._tuner.observe_checkpoint(m.stall_s + m.slowdown_s, m.persist_s)
             self._measure = None
             if self._tuner.update():
@@ -414,13 +422,16 @@ class Checkpointer:
                     100 * self.max_overhead,
                 )
             self.stats.interval = self._tuner.interval
-        if self._client is not None:
-            self._client.report_progress(self._step, dt, m.stall_s, m.persist_s or 0.0)
 
     def _on_persisted(self, result: RankResult) -> None:
         # Runs on the persist thread.
         self.stats.committed += 1
         self.stats.last_step = result.step
+        self._last_persist_s = result.duration_s
+        if self._tuner is None and self.stats.stalls_s:
+            self._last_cost_s = self.stats.stalls_s[-1]
+        if self._client is not None and result.committed:
+            self._client.report_committed(result.step)
         m = self._measure
         if m is not None and m.step == result.step:
             m.persist_s = result.duration_s

@@ -87,6 +87,8 @@ class RankResult:
     manifest_path: str
     nbytes: int
     duration_s: float
+    committed: bool = False
+    """True on the rank that wrote the global manifest."""
 
 
 @dataclass(slots=True)
@@ -261,6 +263,7 @@ class PersistWorker:
         if delay := knobs.commit_delay_s():
             time.sleep(delay)  # fault injection for tests: a window to kill us mid-persist
         if self.commit.rank_persisted(snap.step, result):
+            result.committed = True
             write_commit(
                 self.storage, snap.step, self.world_size, meta=self.meta() if self.meta else {}
             )

@@ -24,7 +24,7 @@ from checkflow import Checkpointer
 class ShuffledData:
     """A resumable loader over a fixed synthetic data set: a new permutation every epoch."""
 
-    def __init__(self, n: int = 512, dim: int = 32, batch: int = 16, seed: int = 0) -> None:
+    def __init__(self, n: int = 4096, dim: int = 32, batch: int = 128, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, dim, generator=g)
         self.y = (self.x[:, :4].sum(dim=1, keepdim=True) > 0).float()
@@ -64,6 +64,11 @@ def build(dim: int = 32, hidden: int = 256) -> tuple[nn.Module, torch.optim.Opti
     return model, opt, sched
 
 
+def _report_commit(future: object) -> None:
+    if not future.exception():  # type: ignore[attr-defined]
+        print(f"committed {future.result()}", flush=True)  # type: ignore[attr-defined]
+
+
 def train(args: argparse.Namespace) -> dict[str, object]:
     model, opt, sched = build()
     data = ShuffledData()
@@ -89,7 +94,9 @@ def train(args: argparse.Namespace) -> dict[str, object]:
             opt.step()
             opt.zero_grad()
             sched.step()
-            ckpt.step()
+            future = ckpt.step()
+            if future is not None:
+                future.add_done_callback(_report_commit)
             print(f"step {step + 1} loss {loss.item():.6f}", flush=True)
             if args.kill_at is not None and step + 1 == args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)  # an injected failure, mid-persist or not

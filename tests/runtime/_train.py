@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,16 @@ def run_train(*args: str, env: dict[str, str] | None = None, timeout: float = 12
 
 
 def run_until_killed(
-    *args: str, kill_after_line: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> list[str]:
-    """Start the example and SIGKILL it as soon as it prints ``kill_after_line``."""
+    *args: str,
+    kill_after_step: int,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    require_commit: bool = True,
+    wait_for: Path | None = None,
+) -> int:
+    """Start the example and SIGKILL it after step ``kill_after_step`` (or the first step
+    after it once a checkpoint has committed, with ``require_commit``), once ``wait_for``
+    exists when given. Returns the step it was killed after."""
     proc = subprocess.Popen(
         [sys.executable, str(TRAIN), *args],
         stdout=subprocess.PIPE,
@@ -40,18 +48,28 @@ def run_until_killed(
         env={**os.environ, **(env or {})},
     )
     seen: list[str] = []
+    committed = not require_commit
+    killed_after = -1
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
             seen.append(line.strip())
-            if line.strip().startswith(kill_after_line):
-                proc.send_signal(signal.SIGKILL)
-                break
+            committed = committed or line.startswith("committed ")
+            if line.startswith("step ") and committed:
+                step = int(line.split()[1])
+                if step >= kill_after_step:
+                    deadline = time.monotonic() + 30
+                    while wait_for is not None and not wait_for.exists():
+                        assert time.monotonic() < deadline, f"{wait_for} never appeared"
+                        time.sleep(0.01)
+                    proc.send_signal(signal.SIGKILL)
+                    killed_after = step
+                    break
     finally:
         proc.kill()
         proc.wait(timeout=timeout)
     assert proc.returncode == -signal.SIGKILL, f"child ended on its own: {seen[-3:]}"
-    return seen
+    return killed_after
 
 
 def load_final(path: Path) -> dict[str, Any]:

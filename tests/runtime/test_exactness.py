@@ -26,14 +26,14 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("kill_at", [13, 37])
 def test_sigkill_and_resume_is_bitwise_equal_to_uninterrupted_run(tmp_path, reference, kill_at):
     ckpt = str(tmp_path / "ckpt")
-    run_until_killed(
-        "--dir", ckpt, "--steps", STEPS, "--every", "5", kill_after_line=f"step {kill_at} "
+    killed = run_until_killed(
+        "--dir", ckpt, "--steps", STEPS, "--every", "5", kill_after_step=kill_at
     )
     out = run_train(
         "--dir", ckpt, "--steps", STEPS, "--every", "5", "--out", str(tmp_path / "f.pt")
     )
     start = int(out.splitlines()[0].split()[-1])
-    assert 0 < start <= kill_at, out.splitlines()[0]
+    assert 0 < start <= killed, out.splitlines()[0]
     resumed = load_final(tmp_path / "f.pt")
     # Parameters, AdamW moments and step counts, scheduler, loader position, final loss:
     # all bitwise equal, which also needs the RNG streams (dropout, noise) to be restored.
@@ -42,19 +42,30 @@ def test_sigkill_and_resume_is_bitwise_equal_to_uninterrupted_run(tmp_path, refe
 
 def test_kill_during_persist_leaves_the_step_uncommitted_and_previous_restores(tmp_path, reference):
     ckpt = tmp_path / "ckpt"
-    # The persist of each checkpoint sleeps before committing: we kill inside that window.
-    slow = {"CHECKFLOW_TEST_COMMIT_DELAY_S": "30"}
-    run_train("--dir", str(ckpt), "--steps", "10", "--every", "5")  # commits 5 and 10
+    run_train("--dir", str(ckpt), "--steps", "10", "--every", "5")
+    before = [c.step for c in list_checkpoints(str(ckpt))]
+    assert before, "the first run committed nothing"
+    newest = before[-1]
+    # The persist of each checkpoint sleeps before committing: we kill inside that window,
+    # once the next checkpoint's data and rank manifest are on disk.
+    folder = ckpt / step_dir(newest + 5)
     run_until_killed(
-        "--dir", str(ckpt), "--steps", STEPS, "--every", "5", kill_after_line="step 16 ", env=slow
+        "--dir",
+        str(ckpt),
+        "--steps",
+        STEPS,
+        "--every",
+        "5",
+        kill_after_step=newest + 1,
+        env={"CHECKFLOW_TEST_COMMIT_DELAY_S": "30"},
+        require_commit=False,
+        wait_for=folder / "rank-00000.json",
     )
-    # Step 15's data and rank manifest are on disk, but not its commit.
-    folder = ckpt / step_dir(15)
     assert (folder / "rank-00000.json").exists()
     assert not (folder / MANIFEST).exists()
-    assert [c.step for c in list_checkpoints(str(ckpt))] == [5, 10]
+    assert [c.step for c in list_checkpoints(str(ckpt))] == before
     out = run_train(
         "--dir", str(ckpt), "--steps", STEPS, "--every", "5", "--out", str(tmp_path / "f.pt")
     )
-    assert out.splitlines()[0] == "start step 10"
+    assert out.splitlines()[0] == f"start step {newest}"
     assert_bitwise_equal(reference, load_final(tmp_path / "f.pt"))
