@@ -170,3 +170,37 @@ def test_commit_marker_is_written_last(tmp_path, monkeypatch):
         assert list_checkpoints(str(tmp_path)) == []
         f.result(timeout=30)
     assert [c.step for c in list_checkpoints(str(tmp_path))] == [1]
+
+
+@pytest.mark.s3
+def test_checkpoint_commits_through_an_s3_endpoint_that_fails_some_puts(faulty_s3, s3_fault_proxy):
+    state = small_state()
+    train_step(state)
+    s3_fault_proxy.fail("PUT", times=3, status=503)
+    with Checkpointer(
+        faulty_s3.uri, state, every=1, storage_options=faulty_s3.storage_options
+    ) as ck:
+        ck.step()
+    failed = [entry for entry in s3_fault_proxy.log if entry[0] == "PUT" and entry[2] == 503]
+    assert len(failed) == 3
+    infos = list_checkpoints(faulty_s3.uri, storage_options=faulty_s3.storage_options)
+    assert [c.step for c in infos] == [1]
+    saved = load(faulty_s3.uri, storage_options=faulty_s3.storage_options)
+    for k, v in saved["model"].items():
+        assert torch.equal(state["model"].state_dict()[k], v)
+
+
+def test_every_auto_measures_then_picks_and_reports_an_interval(tmp_path, caplog):
+    import logging
+
+    state = small_state()
+    with caplog.at_level(logging.INFO, logger="checkflow.checkpointer"):
+        with Checkpointer(str(tmp_path), state, every="auto", max_overhead=0.05, keep=1) as ck:
+            for _ in range(60):
+                train_step(state)
+                ck.step()
+    assert ck.stats.snapshots >= 2  # the warm-up checkpoint, then at the chosen interval
+    assert ck.stats.interval is not None and ck.stats.interval >= 1
+    assert any("checkpoint interval now" in r.getMessage() for r in caplog.records) or (
+        ck.stats.interval == 10  # the measured choice equalled the warm-up interval
+    )
