@@ -72,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _explain(e: Exception, args: argparse.Namespace) -> tuple[int | None, str]:
     """(exit code, one-line message) for an expected error; (None, "") for a bug."""
-    from checkflow.manifest import ManifestError
-    from checkflow.restore import CorruptCheckpointError, NoCheckpointError
-    from checkflow.storage import StorageError
-
-    uri = getattr(args, "uri", None) or "URI"
     if isinstance(e, CliError):
         return e.code, str(e)
+    # Only a module that is loaded can have raised its error; importing the others here
+    # would load torch just to print a usage error.
+    ManifestError = _loaded("checkflow.manifest", "ManifestError")
+    CorruptCheckpointError = _loaded("checkflow.restore", "CorruptCheckpointError")
+    NoCheckpointError = _loaded("checkflow.restore", "NoCheckpointError")
+    StorageError = _loaded("checkflow.storage", "StorageError")
+    uri = getattr(args, "uri", None) or "URI"
     if isinstance(e, CorruptCheckpointError):
         return EXIT_FAILED, (
             f"checkpoint is damaged: {e}; run 'checkflow verify {uri} --all' "
@@ -93,6 +95,16 @@ def _explain(e: Exception, args: argparse.Namespace) -> tuple[int | None, str]:
     if isinstance(e, ValueError | OSError):
         return EXIT_USAGE, str(e)
     return None, ""
+
+
+def _loaded(module: str, name: str) -> type[BaseException]:
+    """``module.name`` when the module is imported, else a class nothing is an instance of."""
+    found = getattr(sys.modules.get(module), name, None)
+    return found if isinstance(found, type) else _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass
 
 
 def _error(message: str) -> None:
@@ -271,9 +283,10 @@ def _option_value(raw: str) -> Any:
 
 def open_root(args: argparse.Namespace) -> Any:
     """The ``Storage`` of ``args.uri``, which must exist (a typo must not look empty)."""
+    options = parse_storage_options(args.storage_options)
     from checkflow.storage import Storage
 
-    storage = Storage(args.uri, storage_options=parse_storage_options(args.storage_options))
+    storage = Storage(args.uri, storage_options=options)
     if not storage.exists(""):
         raise CliError(
             f"{args.uri} does not exist; check the URI (a local path, or an fsspec URL "
@@ -319,9 +332,9 @@ def fmt_shape(shape: list[int]) -> str:
 # -- ls --------------------------------------------------------------------------------------
 def cmd_ls(args: argparse.Namespace) -> int:
     """Committed checkpoints as a table; uncommitted step folders as a note (or rows)."""
+    storage = open_root(args)
     from checkflow.persist import committed_steps
 
-    storage = open_root(args)
     steps = committed_steps(storage)
     partial = [s for s in step_folders(storage) if s not in steps]
     if args.json:
@@ -354,6 +367,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     else:
         print(f"no committed checkpoint in {args.uri}")
     if partial:
+        print()
         names = ", ".join(str(s) for s in partial)
         hint = "" if args.all else "; --all lists them"
         print(
@@ -420,9 +434,9 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Tensors (fqn, dtype, shape, codecs, bases, bytes, chunks) and objects of one step."""
+    storage = open_root(args)
     from checkflow.restore import CheckpointReader, CorruptCheckpointError, resolve_step
 
-    storage = open_root(args)
     step = resolve_step(storage, args.step)
     reader = CheckpointReader(storage)
     g = reader.manifest(step)
@@ -495,11 +509,11 @@ def _inspect_json(
 # -- verify ----------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     """Read and decode every chunk of one (or every) committed step; exit 1 on any problem."""
+    storage = open_root(args)
     from checkflow import manifest as mf
     from checkflow.persist import committed_steps
     from checkflow.restore import CheckpointReader, NoCheckpointError, resolve_step
 
-    storage = open_root(args)
     committed = committed_steps(storage)
     # A MANIFEST.json that exists but cannot be parsed hides its step from the listing;
     # verify must report it rather than pass over it.
@@ -708,13 +722,13 @@ def _fsync_dir(folder: str) -> None:
 # -- gc --------------------------------------------------------------------------------------
 def cmd_gc(args: argparse.Namespace) -> int:
     """Keep the ``--keep`` newest committed checkpoints (and the bases they need)."""
-    from checkflow.persist import apply_retention, committed_steps, retention_plan
-
     if args.keep < 1:
         raise CliError(
             f"--keep must be at least 1 (got {args.keep}); gc keeps the newest checkpoints, "
             "to delete a whole run remove its folder yourself"
         )
+    from checkflow.persist import apply_retention, committed_steps, retention_plan
+
     storage = open_root(args)
     steps = committed_steps(storage)
     if not steps:
