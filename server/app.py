@@ -18,9 +18,10 @@ from checkflow_server.models import ErrorBody
 from checkflow_server.settings import Settings
 from checkflow_server.storage_sync import committed_steps
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 
@@ -129,3 +130,16 @@ def _add_error_handlers(app: FastAPI) -> None:
         return await request_validation_exception_handler(request, exc)
 
     app.add_exception_handler(RequestValidationError, validation)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:
+            # FastAPI answers 400 for a body that is not JSON at all; the API promises 422
+            # for malformed input (and 401 first when the token is wrong).
+            errors = [
+                {"type": "json_invalid", "loc": ["body"], "msg": str(exc.detail), "input": None}
+            ]
+            return await validation(request, RequestValidationError(errors))
+        return await http_exception_handler(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)

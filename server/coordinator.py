@@ -148,8 +148,8 @@ class Coordinator:
             schedule=Schedule(self.warmup_interval, self.warmup_interval),
         )
         with self.store.transaction():
+            # Rank rows are written when ranks register: creating a big job stays cheap.
             job.id = self.store.insert_job(job.row())
-            self.store.upsert_ranks(job.id, (job.ranks.row(r) for r in range(job.world_size)))
             self._event(job, "job_created", now, None, {"world_size": spec.world_size})
         self.jobs[job.name] = job
         self._registered[job.id] = 0
@@ -167,7 +167,6 @@ class Coordinator:
         job.ranks = RankTable(world_size)
         with self.store.transaction():
             self.store.conn.execute("DELETE FROM ranks WHERE job_id=?", (job.id,))
-            self.store.upsert_ranks(job.id, (job.ranks.row(r) for r in range(world_size)))
             self._event(
                 job, "resized", now, None, {"old_world_size": old, "world_size": world_size}
             )
@@ -411,11 +410,15 @@ class Coordinator:
         """
         job = self.job(name)
         if step is not None:
+            # 409, not 404: the URL names the job, which exists; the step in the body does
+            # not fit its state.
             ck = job.checkpoints.get(step)
-            if ck is None:
-                raise NotFound(f"checkpoint {step} of job {name!r} not found")
-            if ck.status != COMMITTED:
-                raise Conflict(f"checkpoint {step} is {ck.status}, not committed")
+            if ck is None or ck.status != COMMITTED:
+                state = "not found" if ck is None else ck.status
+                raise Conflict(
+                    f"checkpoint {step} of job {name!r} is {state}: only a committed "
+                    "checkpoint can be restored"
+                )
         now = self.clock()
         with self.store.transaction():
             if step is not None:

@@ -4,15 +4,31 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+MAX_INT = 2**53 - 1
+"""Largest integer accepted: beyond it, JSON numbers parsed as doubles stop being exact."""
+
+
+def _no_bool(value: object) -> object:
+    # JSON true/false is not a number, although Python's bool is an int.
+    if isinstance(value, bool):
+        raise ValueError("a number is required, not a boolean")
+    return value
+
+
+NoBool = BeforeValidator(_no_bool)
 
 JobName = Annotated[
     str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="Job name.")
 ]
-Step = Annotated[int, Field(ge=0, le=2**62, description="Training step (completed steps).")]
-Generation = Annotated[int, Field(ge=0, le=2**62)]
-Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
-RankId = Annotated[int, Field(ge=0, le=2**31)]
+# NoBool after Field: the other way round, the bounds leave the JSON schema.
+Step = Annotated[
+    int, Field(ge=0, le=MAX_INT, description="Training step (completed steps)."), NoBool
+]
+Generation = Annotated[int, Field(ge=0, le=MAX_INT), NoBool]
+Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False), NoBool]
+RankId = Annotated[int, Field(ge=0, le=2**31), NoBool]
 Action = Literal["continue", "abort"]
 CheckpointStatus = Literal["in_progress", "committed", "abandoned"]
 DetailValue = str | int | float | bool | None
@@ -24,16 +40,18 @@ class Strict(BaseModel):
 
 class JobCreate(Strict):
     name: JobName
-    world_size: int = Field(ge=1, le=1_048_576, description="Number of ranks.")
+    world_size: Annotated[int, Field(ge=1, le=131_072, description="Number of ranks."), NoBool]
     storage_uri: str | None = Field(
         default=None, max_length=4096, description="Where the job's checkpoints are stored."
     )
-    max_overhead: float = Field(
-        default=0.035, gt=0, le=1, description="Fraction of training time checkpoints may take."
-    )
-    heartbeat_timeout_s: float = Field(
-        default=10.0, ge=0.1, le=86400, description="A rank silent this long is failed."
-    )
+    max_overhead: Annotated[
+        float,
+        Field(gt=0, le=1, description="Fraction of training time checkpoints may take."),
+        NoBool,
+    ] = 0.035
+    heartbeat_timeout_s: Annotated[
+        float, Field(ge=0.1, le=86400, description="A rank silent this long is failed."), NoBool
+    ] = 10.0
 
 
 class Schedule(BaseModel):
@@ -144,7 +162,7 @@ class RankList(BaseModel):
 
 class PartReport(Strict):
     generation: Generation
-    nbytes: int = Field(ge=0, le=2**62)
+    nbytes: Annotated[int, Field(ge=0, le=MAX_INT), NoBool]
     duration_s: Seconds
     manifest_path: str = Field(max_length=4096)
 

@@ -100,7 +100,8 @@ def test_unknown_job_rank_or_step_is_404(client: TestClient) -> None:
     make_job(client, world=2)
     assert client.post("/v1/jobs/j/ranks/2/register", json={}).status_code == 404
     assert client.post("/v1/jobs/j/checkpoints/5/commit", json={}).status_code == 404
-    assert client.post("/v1/jobs/j/recover", json={"step": 5}).status_code == 404
+    # The job exists: a step in the body that is no committed checkpoint conflicts with it.
+    assert client.post("/v1/jobs/j/recover", json={"step": 5}).status_code == 409
 
 
 def test_every_rank_gets_the_same_next_checkpoint_step(client: TestClient) -> None:

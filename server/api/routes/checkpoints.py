@@ -7,6 +7,7 @@ from typing import Annotated
 from checkflow_server.api.convert import checkpoint_public
 from checkflow_server.api.deps import CoordinatorDep
 from checkflow_server.models import (
+    MAX_INT,
     CheckpointList,
     CheckpointPublic,
     CommitReport,
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Path, Query
 
 router = APIRouter(prefix="/jobs/{job}/checkpoints", tags=["checkpoints"])
 
-StepPath = Annotated[int, Path(ge=0, le=2**62, description="Checkpoint step.")]
+StepPath = Annotated[int, Path(ge=0, le=MAX_INT, description="Checkpoint step.")]
 RankPath = Annotated[int, Path(ge=0, le=2**31)]
 
 

@@ -9,6 +9,7 @@ from checkflow_server.api.convert import job_public
 from checkflow_server.api.deps import CoordinatorDep
 from checkflow_server.coordinator import JobSpec
 from checkflow_server.models import (
+    MAX_INT,
     EventList,
     EventPublic,
     JobCreate,
@@ -68,7 +69,7 @@ async def recover(job: str, body: RecoverRequest, coordinator: CoordinatorDep) -
 async def events(
     job: str,
     coordinator: CoordinatorDep,
-    after: Annotated[int, Query(ge=0, le=2**62, description="Only events with a larger id.")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_INT, description="Only events with a larger id.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> EventList:
     j = coordinator.job(job)
