@@ -66,7 +66,7 @@ static void unpack(const uint8_t *in, int64_t n, int bits, uint8_t *q) {
    T: storage integer type; TOF: bits -> float; FROMF: float -> bits (RNE). */
 #define DEFINE_KERNELS(NAME, T, EXPMASK, SIGN, MAXBITS, TOF, FROMF)                        \
 static int quant_##NAME(const T *x, const T *r, int64_t n, int levels, int log_space,       \
-                        T *nr, int32_t *meta, uint8_t *qb, float *d) {                      \
+                        int64_t max_step, T *nr, int32_t *meta, uint8_t *qb, float *d) {\
     T orx = 0; int finite = 1;                                                              \
     for (int64_t i = 0; i < n; i++) {                                                       \
         T a = x[i], b = r[i];                                                               \
@@ -83,6 +83,7 @@ static int quant_##NAME(const T *x, const T *r, int64_t n, int levels, int log_s
             lo = di < lo ? di : lo; hi = di > hi ? di : hi;                                 \
         }                                                                                   \
         int64_t step = ((int64_t)hi - (int64_t)lo + (levels - 1)) / levels;                 \
+        if (max_step >= 0 && step > max_step) return RAW;                                   \
         double safe = step > 0 ? (double)step : 1.0, half = (double)(step > 0 ? step / 2 : 0);\
         double dlo = (double)lo, dstep = (double)step;                                      \
         for (int64_t i = 0; i < n; i++) {                                                   \
@@ -129,7 +130,7 @@ static int quant_##NAME(const T *x, const T *r, int64_t n, int levels, int log_s
     return LINEAR;                                                                          \
 }                                                                                           \
                                                                                             \
-static void dequant_##NAME(T *r, int64_t n, int kind, const int32_t *meta,                  \
+static void dequant_##NAME(const T *r, T *o, int64_t n, int kind, const int32_t *meta,     \
                            const uint8_t *qb) {                                             \
     if (kind == LOG) {                                                                      \
         double dlo = (double)meta[0], dstep = (double)meta[1];                              \
@@ -137,7 +138,7 @@ static void dequant_##NAME(T *r, int64_t n, int kind, const int32_t *meta,      
             double v = (double)(int32_t)r[i] + (dlo + (double)qb[i] * dstep);               \
             v = v < 0.0 ? 0.0 : v;                                                          \
             v = v > (double)MAXBITS ? (double)MAXBITS : v;                                  \
-            r[i] = (T)(int32_t)v;                                                           \
+            o[i] = (T)(int32_t)v;                                                           \
         }                                                                                   \
         return;                                                                             \
     }                                                                                       \
@@ -146,13 +147,14 @@ static void dequant_##NAME(T *r, int64_t n, int kind, const int32_t *meta,      
     for (int64_t i = 0; i < n; i++) {                                                       \
         float t = (float)qb[i] * scale;                                                     \
         t = lo + t;                                                                         \
-        r[i] = FROMF(TOF(r[i]) + t);                                                        \
+        o[i] = FROMF(TOF(r[i]) + t);                                                        \
     }                                                                                       \
 }                                                                                           \
                                                                                             \
 int q_encode_##NAME(const T *xv, T *snap, T *recon, int64_t offset, int64_t nrows,          \
                     int64_t row_stride, int64_t nblocks, int64_t blen, int bits,            \
-                    int log_space, uint8_t *changed, uint8_t *kinds, int32_t *meta,         \
+                    int log_space, int64_t max_step, uint8_t *changed, uint8_t *kinds,      \
+                    int32_t *meta,                                                          \
                     uint8_t *codes, int64_t *counts) {                                      \
     int levels = (1 << bits) - 1;                                                           \
     int64_t per_block = (blen * bits + 7) / 8;                                              \
@@ -168,7 +170,8 @@ int q_encode_##NAME(const T *xv, T *snap, T *recon, int64_t offset, int64_t nrow
             const T *xp = xv + off; T *sp = snap + off; T *rp = recon + off;                \
             if (memcmp(xp, sp, sizeof(T) * (size_t)blen) == 0) { changed[b] = 0; continue; }\
             changed[b] = 1;                                                                 \
-            int kind = quant_##NAME(xp, rp, blen, levels, log_space, nr, meta + 2 * nq,    \
+            int kind = quant_##NAME(xp, rp, blen, levels, log_space, max_step, nr,         \
+                                    meta + 2 * nq,                                          \
                                     qb, d);                                                 \
             if (kind == RAW) {                                                              \
                 memcpy(rp, xp, sizeof(T) * (size_t)blen);                                   \
@@ -188,8 +191,9 @@ int q_encode_##NAME(const T *xv, T *snap, T *recon, int64_t offset, int64_t nrow
                                                                                             \
 /* counts (in/out): [kinds pos, meta pos, code byte pos, raw element pos];                  \
    limits: [n kinds, n meta, n code bytes, n raw elements]. Returns -2 when short. */       \
-int q_decode_##NAME(T *out, int64_t offset, int64_t nrows, int64_t row_stride,              \
-                    int64_t nblocks, int64_t blen, int bits, const uint8_t *changed,        \
+int q_decode_##NAME(const T *src, T *out, int64_t offset, int64_t nrows,                    \
+                    int64_t row_stride, int64_t nblocks, int64_t blen, int bits,            \
+                    const uint8_t *changed,                                                 \
                     const uint8_t *kinds, const int32_t *meta, const uint8_t *codes,        \
                     const T *raw, int64_t *counts, const int64_t *limits) {                 \
     int64_t per_block = (blen * bits + 7) / 8;                                              \
@@ -198,8 +202,11 @@ int q_decode_##NAME(T *out, int64_t offset, int64_t nrows, int64_t row_stride,  
     int64_t kp = counts[0], mp = counts[1], cp = counts[2], rp = counts[3];                 \
     for (int64_t row = 0; row < nrows; row++) {                                             \
         for (int64_t j = 0; j < nblocks; j++) {                                             \
-            if (!changed[row * nblocks + j]) continue;                                      \
-            T *op = out + offset + row * row_stride + j * blen;                             \
+            int64_t off = offset + row * row_stride + j * blen;                             \
+            T *op = out + off; const T *bp = src + off;                                     \
+            if (!changed[row * nblocks + j]) {                                              \
+                memcpy(op, bp, sizeof(T) * (size_t)blen); continue;                         \
+            }                                                                               \
             if (kp >= limits[0]) { free(qb); return -2; }                                   \
             int kind = kinds[kp++];                                                         \
             if (kind == RAW) {                                                              \
@@ -208,7 +215,7 @@ int q_decode_##NAME(T *out, int64_t offset, int64_t nrows, int64_t row_stride,  
             } else if (kind == LINEAR || kind == LOG) {                                     \
                 if (mp + 1 > limits[1] || cp + per_block > limits[2]) { free(qb); return -2; }\
                 unpack(codes + cp, blen, bits, qb);                                         \
-                dequant_##NAME(op, blen, kind, meta + 2 * mp, qb);                          \
+                dequant_##NAME(bp, op, blen, kind, meta + 2 * mp, qb);                      \
                 mp++; cp += per_block;                                                      \
             } else { free(qb); return -3; }                                                 \
         }                                                                                   \
@@ -216,6 +223,129 @@ int q_decode_##NAME(T *out, int64_t offset, int64_t nrows, int64_t row_stride,  
     counts[0] = kp; counts[1] = mp; counts[2] = cp; counts[3] = rp;                         \
     free(qb);                                                                               \
     return 0;                                                                               \
+}
+
+/* Exact delta of integers of es bytes: zigzag(new - old), modular, so small moves of a float's
+   bits in either direction give leading zero bytes (XOR turns a carry into a run of ones). */
+#define ZZ(U, S, W)                                                                          \
+    static void zz_enc_##W(const uint8_t *x, const uint8_t *p, uint8_t *o, int64_t n) {     \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            U a, b; memcpy(&a, p + i * sizeof(U), sizeof(U));                               \
+            memcpy(&b, x + i * sizeof(U), sizeof(U));                                       \
+            U d = (U)(b - a);                                                               \
+            U z = (U)((U)(d << 1) ^ (U)((S)d >> (W - 1)));                                  \
+            memcpy(o + i * sizeof(U), &z, sizeof(U));                                       \
+        }                                                                                   \
+    }                                                                                       \
+    static void zz_dec_##W(uint8_t *o, const uint8_t *in, int64_t n) {                      \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            U a, z; memcpy(&a, o + i * sizeof(U), sizeof(U));                               \
+            memcpy(&z, in + i * sizeof(U), sizeof(U));                                      \
+            U d = (U)((U)(z >> 1) ^ (U)(0 - (U)(z & 1)));                                   \
+            a = (U)(a + d);                                                                 \
+            memcpy(o + i * sizeof(U), &a, sizeof(U));                                       \
+        }                                                                                   \
+    }
+ZZ(uint8_t, int8_t, 8)
+ZZ(uint16_t, int16_t, 16)
+ZZ(uint32_t, int32_t, 32)
+ZZ(uint64_t, int64_t, 64)
+
+static void zz_enc(const uint8_t *x, const uint8_t *p, uint8_t *o, int64_t n, int64_t es) {
+    switch (es) {
+    case 1: zz_enc_8(x, p, o, n); break;
+    case 2: zz_enc_16(x, p, o, n); break;
+    case 4: zz_enc_32(x, p, o, n); break;
+    default: zz_enc_64(x, p, o, n); break;
+    }
+}
+
+static void zz_dec(uint8_t *o, const uint8_t *in, int64_t n, int64_t es) {
+    switch (es) {
+    case 1: zz_dec_8(o, in, n); break;
+    case 2: zz_dec_16(o, in, n); break;
+    case 4: zz_dec_32(o, in, n); break;
+    default: zz_dec_64(o, in, n); break;
+    }
+}
+
+/* Exact delta: zigzag differences of the changed blocks, back to back; prev takes x. */
+int d_encode(const uint8_t *x, uint8_t *prev, int64_t es, int64_t offset, int64_t nrows,
+             int64_t row_stride, int64_t nblocks, int64_t blen, uint8_t *changed,
+             uint8_t *xor_out, int64_t *pos) {
+    int64_t p = pos[0], nbytes = blen * es;
+    for (int64_t row = 0; row < nrows; row++) {
+        for (int64_t j = 0; j < nblocks; j++) {
+            int64_t off = (offset + row * row_stride + j * blen) * es;
+            const uint8_t *xp = x + off; uint8_t *pp = prev + off;
+            if (memcmp(xp, pp, (size_t)nbytes) == 0) { changed[row * nblocks + j] = 0; continue; }
+            changed[row * nblocks + j] = 1;
+            uint8_t *o = xor_out + p;
+            zz_enc(xp, pp, o, blen, es);
+            memcpy(pp, xp, (size_t)nbytes);
+            p += nbytes;
+        }
+    }
+    pos[0] = p;
+    return 0;
+}
+
+/* Adds the stored differences to the changed blocks of out (a copy of the base). */
+int d_decode(uint8_t *out, int64_t es, int64_t offset, int64_t nrows, int64_t row_stride,
+             int64_t nblocks, int64_t blen, const uint8_t *changed, const uint8_t *xor_in,
+             int64_t *pos, int64_t limit) {
+    int64_t p = pos[0], nbytes = blen * es;
+    for (int64_t row = 0; row < nrows; row++) {
+        for (int64_t j = 0; j < nblocks; j++) {
+            if (!changed[row * nblocks + j]) continue;
+            if (p + nbytes > limit) return -2;
+            uint8_t *o = out + (offset + row * row_stride + j * blen) * es;
+            const uint8_t *xp = xor_in + p;
+            zz_dec(o, xp, blen, es);
+            p += nbytes;
+        }
+    }
+    pos[0] = p;
+    return 0;
+}
+
+/* Byte shuffle (blosc): byte k of every element together. Tiles keep both sides cached. */
+void shuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
+    if (es == 4) {
+        uint8_t *o0 = out, *o1 = out + n, *o2 = out + 2 * n, *o3 = out + 3 * n;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t v; memcpy(&v, in + 4 * i, 4);
+            o0[i] = (uint8_t)v; o1[i] = (uint8_t)(v >> 8);
+            o2[i] = (uint8_t)(v >> 16); o3[i] = (uint8_t)(v >> 24);
+        }
+        return;
+    }
+    for (int64_t i0 = 0; i0 < n; i0 += 4096) {
+        int64_t i1 = i0 + 4096 < n ? i0 + 4096 : n;
+        for (int64_t k = 0; k < es; k++) {
+            uint8_t *o = out + k * n;
+            for (int64_t i = i0; i < i1; i++) o[i] = in[i * es + k];
+        }
+    }
+}
+
+void unshuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
+    if (es == 4) {
+        const uint8_t *p0 = in, *p1 = in + n, *p2 = in + 2 * n, *p3 = in + 3 * n;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16)
+                         | ((uint32_t)p3[i] << 24);
+            memcpy(out + 4 * i, &v, 4);
+        }
+        return;
+    }
+    for (int64_t i0 = 0; i0 < n; i0 += 4096) {
+        int64_t i1 = i0 + 4096 < n ? i0 + 4096 : n;
+        for (int64_t k = 0; k < es; k++) {
+            const uint8_t *p = in + k * n;
+            for (int64_t i = i0; i < i1; i++) out[i * es + k] = p[i];
+        }
+    }
 }
 
 DEFINE_KERNELS(f32, uint32_t, 0x7f800000u, 0x80000000u, 0x7F7FFFFFu, f32_f32, f32_bits)

@@ -128,35 +128,41 @@ class NativeKernel:
         self._enc, self._dec = {}, {}
         for suffix in _SUFFIX.values():
             enc = getattr(lib, f"q_encode_{suffix}")
-            enc.argtypes = [
-                _P,
-                _P,
-                _P,
-                _I64,
-                _I64,
-                _I64,
-                _I64,
-                _I64,
-                _INT,
-                _INT,
-                _P,
-                _P,
-                _P,
-                _P,
-                _P,
-            ]
+            enc.argtypes = [_P, _P, _P, *[_I64] * 5, _INT, _INT, _I64, *[_P] * 5]
             enc.restype = _INT
             dec = getattr(lib, f"q_decode_{suffix}")
-            dec.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _INT, _P, _P, _P, _P, _P, _P, _P]
+            dec.argtypes = [_P, _P, _I64, _I64, _I64, _I64, _I64, _INT, *[_P] * 7]
             dec.restype = _INT
             self._enc[suffix], self._dec[suffix] = enc, dec
+        self._d_enc, self._d_dec = lib.d_encode, lib.d_decode
+        self._d_enc.argtypes = [_P, _P, *[_I64] * 6, _P, _P, _P]
+        self._d_dec.argtypes = [_P, *[_I64] * 6, _P, _P, _P, _I64]
+        self._d_enc.restype = self._d_dec.restype = _INT
+        self._shuffle, self._unshuffle = lib.shuffle, lib.unshuffle
+        for fn in (self._shuffle, self._unshuffle):
+            fn.argtypes = [_P, _P, _I64, _I64]
+            fn.restype = None
+
+    def shuffle(self, raw: torch.Tensor, itemsize: int, inverse: bool = False) -> torch.Tensor:
+        """Byte-shuffle (or un-shuffle) a flat uint8 tensor of ``itemsize``-byte elements."""
+        out = torch.empty_like(raw)
+        if raw.numel():
+            fn = self._unshuffle if inverse else self._shuffle
+            fn(_ptr(raw), _ptr(out), raw.numel() // itemsize, itemsize)
+        return out
 
     @staticmethod
     def supports(dtype: torch.dtype) -> bool:
         return dtype in _SUFFIX
 
     def encode(
-        self, flat: torch.Tensor, ref: Any, layout: Layout, bits: int, log_space: bool
+        self,
+        flat: torch.Tensor,
+        ref: Any,
+        layout: Layout,
+        bits: int,
+        log_space: bool,
+        max_step: int,
     ) -> tuple[list[Any], int]:
         """Encode a flat chunk against ``ref`` (a ``QuantRef``), updating it in place."""
         fn = self._enc[_SUFFIX[flat.dtype]]
@@ -172,7 +178,7 @@ class NativeKernel:
         for r in layout.regions:
             before = int(counts[0])
             rc = fn(*args, r.offset, r.nrows, r.row_stride, r.nblocks, r.blen, bits,
-                    int(log_space), _ptr(changed[r.first :]), _ptr(kinds), _ptr(meta),
+                    int(log_space), max_step, _ptr(changed[r.first :]), _ptr(kinds), _ptr(meta),
                     _ptr(codes), _ptr(counts))  # fmt: skip
             if rc != 0:
                 raise MemoryError("quantization kernel could not allocate its scratch")
@@ -189,8 +195,37 @@ class NativeKernel:
         ]
         return sections, nch
 
+    def delta_encode(
+        self, flat: torch.Tensor, prev: torch.Tensor, layout: Layout
+    ) -> tuple[np.ndarray, torch.Tensor]:
+        """Changed flags per block and the XOR of the changed blocks; ``prev`` takes ``flat``."""
+        es = flat.element_size()
+        changed = np.empty(layout.nblocks, dtype=np.uint8)
+        xor = torch.empty(flat.numel() * es, dtype=torch.uint8)
+        pos = np.zeros(1, dtype=np.int64)
+        for r in layout.regions:
+            self._d_enc(_ptr(flat), _ptr(prev), es, r.offset, r.nrows, r.row_stride, r.nblocks,
+                        r.blen, _ptr(changed[r.first :]), _ptr(xor), _ptr(pos))  # fmt: skip
+        return changed, xor[: int(pos[0])]
+
+    def delta_decode(
+        self, out: torch.Tensor, layout: Layout, changed: np.ndarray, xor: np.ndarray
+    ) -> None:
+        """XOR the changed blocks of ``out`` (a copy of the base) in place."""
+        ch = np.ascontiguousarray(changed, dtype=np.uint8)
+        pos = np.zeros(1, dtype=np.int64)
+        for r in layout.regions:
+            rc = self._d_dec(_ptr(out), out.element_size(), r.offset, r.nrows, r.row_stride,
+                             r.nblocks, r.blen, _ptr(ch[r.first :]), _ptr(xor), _ptr(pos),
+                             xor.nbytes)  # fmt: skip
+            if rc != 0:
+                raise CodecError("delta payload is shorter than its block map says")
+        if int(pos[0]) != xor.nbytes:
+            raise CodecError("delta payload is longer than its block map says")
+
     def decode(
         self,
+        src: torch.Tensor,
         out: torch.Tensor,
         layout: Layout,
         bits: int,
@@ -198,7 +233,7 @@ class NativeKernel:
         kinds: np.ndarray,
         sections: list[memoryview],
     ) -> None:
-        """Apply a stored delta to ``out`` (a flat copy of the base) in place."""
+        """Write into ``out`` the base ``src`` with a stored delta applied (both flat)."""
         fn = self._dec[_SUFFIX[out.dtype]]
         meta_b, codes_b, raw_b = (np.frombuffer(s, dtype=np.uint8) for s in sections)
         itemsize = out.element_size()
@@ -211,7 +246,7 @@ class NativeKernel:
             dtype=np.int64,
         )
         for r in layout.regions:
-            rc = fn(_ptr(out), r.offset, r.nrows, r.row_stride, r.nblocks, r.blen, bits,
+            rc = fn(_ptr(src), _ptr(out), r.offset, r.nrows, r.row_stride, r.nblocks, r.blen, bits,
                     _ptr(ch[r.first :]), _ptr(kinds), _ptr(meta_b), _ptr(codes_b), _ptr(raw_b),
                     _ptr(counts), _ptr(limits))  # fmt: skip
             if rc == -2:

@@ -81,9 +81,11 @@ def _quant_log(
 
 
 def quantize_blocks(
-    x: torch.Tensor, r: torch.Tensor, bits: int, log_space: bool
+    x: torch.Tensor, r: torch.Tensor, bits: int, log_space: bool, max_step: int = -1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize ``k`` changed blocks ``x`` (``(k, n)``) against their reconstruction ``r``.
+
+    A LOG block whose step would exceed ``max_step`` units (when >= 0) is kept RAW.
 
     Returns:
         ``(kinds (k,) uint8, meta (k, 2) int32, codes (k, n) uint8, new r (k, n))``; meta and
@@ -115,6 +117,9 @@ def quantize_blocks(
         else:
             q, m, n = _quant_log(xs, rs, levels)
             idx = mask.nonzero().reshape(-1)
+            if max_step >= 0:
+                ok = m[:, 1] <= max_step
+                idx, q, m, n = idx[ok], q[ok], m[ok], n[ok]
         kinds[idx] = kind
         meta[idx] = m
         codes[idx] = q

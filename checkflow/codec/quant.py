@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK = 256
 """Elements per block: 8 bytes of (lo, scale) per 256 codes keeps q8 at ~0.258 of fp32."""
+MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
 MIN_ROW = 16
 """Rows shorter than this are grouped whole into blocks (their scales would outweigh codes)."""
 _BATCH = 1 << 18
@@ -86,24 +87,37 @@ class QuantCodec(Codec):
     """Lossy incremental codec: ``bits``-bit block-quantized deltas.
 
     Args:
-        bits: code width, 8, 4 or 2.
         block: largest block, in elements; a block never spans two rows (dim 0).
         log_space: quantize blocks that are all non-negative on their bit patterns
             (relative error); False keeps every block linear.
+        max_log_error: a LOG block whose half step would exceed this relative error is
+            stored exactly instead (the class default: 1 % for q8, none for q4/q2).
+        native: use the compiled kernel: None = when it builds, False = never.
     """
 
     name = "q"
     lossless = False
     incremental = True
     bits = 8
+    default_max_log_error: ClassVar[float | None] = None
 
     def __init__(
-        self, *, block: int = DEFAULT_BLOCK, log_space: bool = True, native: bool | None = None
+        self,
+        *,
+        block: int = DEFAULT_BLOCK,
+        log_space: bool = True,
+        max_log_error: float | None | Literal["default"] = "default",
+        native: bool | None = None,
     ) -> None:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
         self.block = block
         self.log_space = log_space
+        self.max_log_error = (
+            self.default_max_log_error if max_log_error == "default" else max_log_error
+        )
+        if self.max_log_error is not None and self.max_log_error < 0:
+            raise ValueError(f"max_log_error must be >= 0, got {self.max_log_error}")
         self.native = native
         """Use the compiled kernel: None = when it builds, False = never (torch ops only)."""
 
@@ -134,14 +148,10 @@ class QuantCodec(Codec):
         assert isinstance(ref, QuantRef)
         layout = block_layout(tuple(x.shape), self.block, MIN_ROW)
         kernel = self._kernel(x.dtype)
-        if kernel is not None:
-            sections, nchanged = kernel.encode(
-                x.reshape(-1), ref, layout, self.bits, self.log_space
-            )
-        else:
-            sections, nchanged = _encode_eager(
-                x.reshape(-1), ref, layout, self.bits, self.log_space
-            )
+        encode = kernel.encode if kernel is not None else _encode_eager
+        sections, nchanged = encode(
+            x.reshape(-1), ref, layout, self.bits, self.log_space, self._max_log_step(x.dtype)
+        )
         if sum(len(s) for s in sections) >= x.numel() * x.element_size():
             # Nearly every block changed a lot, or the chunk is tiny: the exact bytes are
             # smaller, and restart the chain from the true values.
@@ -154,6 +164,13 @@ class QuantCodec(Codec):
             "sections": [len(s) for s in sections],
         }
         return Encoded(list(sections), params, delta=True), ref
+
+    def _max_log_step(self, dtype: torch.dtype) -> int:
+        """Largest LOG step (units in the last place) within ``max_log_error``; -1: any."""
+        if self.max_log_error is None:
+            return -1
+        # k units in the last place move a value by at most k * 2**-mantissa_bits of itself.
+        return int(2 * self.max_log_error * 2 ** MANTISSA_BITS[dtype])
 
     def decode(
         self,
@@ -178,10 +195,13 @@ class QuantCodec(Codec):
         changed = unpack_bitmap(sections[0], layout.nblocks)
         kinds = _unzstd(sections[1], int(changed.sum()), "block kinds")
         kernel = self._kernel(dtype)
-        out = base.reshape(-1).clone()
+        src = base.reshape(-1).contiguous()
         if kernel is not None:
-            kernel.decode(out, layout, bits, changed, kinds, sections[2:])
+            # One pass: unchanged blocks are copied, changed ones decoded, from base to out.
+            out = torch.empty_like(src)
+            kernel.decode(src, out, layout, bits, changed, kinds, sections[2:])
         else:
+            out = src.clone()
             _decode_eager(out, layout, bits, changed, kinds, sections[2:])
         return out.reshape(shape)
 
@@ -191,6 +211,7 @@ class Q8Codec(QuantCodec):
 
     name = "q8"
     bits = 8
+    default_max_log_error = 0.01
 
 
 class Q4Codec(QuantCodec):
@@ -224,7 +245,7 @@ def _zstd(data: bytes | memoryview) -> bytes:
 
 
 def _encode_eager(
-    flat: torch.Tensor, ref: QuantRef, layout: Layout, bits: int, log_space: bool
+    flat: torch.Tensor, ref: QuantRef, layout: Layout, bits: int, log_space: bool, max_step: int
 ) -> tuple[list[bytes], int]:
     changed = changed_blocks(flat, ref.snap, layout)
     kinds_p, meta_p, codes_p, raw_p = [], [], [], []
@@ -234,7 +255,7 @@ def _encode_eager(
         for i in range(0, len(rows), step):
             ri, ci = rows[i : i + step], cols[i : i + step]
             xb = xv[ri, ci]
-            kinds, meta, codes, new = quantize_blocks(xb, rv[ri, ci], bits, log_space)
+            kinds, meta, codes, new = quantize_blocks(xb, rv[ri, ci], bits, log_space, max_step)
             quant = kinds != RAW
             kinds_p.append(kinds)
             meta_p.append(meta[quant])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from _oracle import DTYPES, bits_equal, random_chunk, roundtrip, step_chunk
@@ -26,9 +28,10 @@ shapes = st.one_of(
     block=st.sampled_from([1, 7, 64, 1024]),
     seed=st.integers(0, 2**31),
     frac=st.sampled_from([0.0, 0.01, 0.3, 1.0]),
+    native=st.sampled_from([None, False]),
 )
-def test_delta_chain_restores_every_checkpoint_bitwise(shape, dtype, block, seed, frac):
-    codec = DeltaCodec(block=block)
+def test_delta_chain_restores_every_checkpoint_bitwise(shape, dtype, block, seed, frac, native):
+    codec = DeltaCodec(block=block, native=native)
     x = random_chunk(shape, dtype, seed)
     enc, ref, out = roundtrip(codec, x, None, None)
     assert not enc.delta and bits_equal(out, x)
@@ -75,9 +78,10 @@ def test_nan_payloads_infinities_and_negative_zero_come_back_bit_for_bit():
     assert bits_equal(out, y)
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
-def test_integer_and_bool_chunks_round_trip_exactly(dtype):
-    codec = DeltaCodec(block=16)
+@pytest.mark.parametrize("native", [None, False])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8, torch.bool])
+def test_integer_and_bool_chunks_round_trip_exactly(dtype, native):
+    codec = DeltaCodec(block=16, native=native)
     x = torch.randint(0, 2, (300,)).to(dtype)
     _, ref, prev = roundtrip(codec, x, None, None)
     y = x.clone()
@@ -112,3 +116,21 @@ def test_decoding_a_delta_without_its_base_or_from_torn_bytes_fails_clearly():
 def test_registry_resolves_delta_as_an_exact_incremental_codec():
     codec = get_codec("delta")
     assert isinstance(codec, DeltaCodec) and codec.incremental and codec.lossless
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no cc")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.uint8])
+def test_native_and_torch_delta_write_the_same_bytes_and_read_each_other(dtype):
+    fast, slow = DeltaCodec(block=50, native=True), DeltaCodec(block=50, native=False)
+    x = (torch.randn(40, 120) * 50).to(dtype)
+    _, rf = fast.encode(x, None)
+    _, rs = slow.encode(x, None)
+    y = x.clone()
+    y[3:9] = (y[3:9].double() * 1.01 + 1).to(dtype)
+    ef, _ = fast.encode(y, rf)
+    es, _ = slow.encode(y, rs)
+    data = b"".join(bytes(b) for b in ef.data)
+    assert ef.delta and ef.params == es.params and data == b"".join(bytes(b) for b in es.data)
+    for codec in (fast, slow):
+        out = codec.decode(data, ef.params, dtype=dtype, shape=(40, 120), base=x)
+        assert bits_equal(out, y)
