@@ -467,7 +467,7 @@ def read_state_dicts(
     layouts = live.layouts if live is not None else {}
     for name, keys in (live.module_keys if live is not None else {}).items():
         held = skeleton.get(name)
-        if isinstance(held, Mapping) and not keys <= held.keys():
+        if isinstance(held, Mapping) and keys != held.keys():
             skeleton[name] = _gather_module(reader, step, world, name, keys)
     index = chunk_index(reader, step)
     tensors: dict[str, torch.Tensor] = {}
@@ -504,6 +504,7 @@ __all__ = [
     "Agreement",
     "Layout",
     "LocalState",
+    "ModelState",
     "RankSync",
     "Shard",
     "StoreCommit",
@@ -556,6 +557,60 @@ def live_state(state: Mapping[str, Any]) -> LiveState:
         module_keys={
             name: set(obj.state_dict().keys())
             for name, obj in state.items()
-            if isinstance(obj, torch.nn.Module)
+            if isinstance(obj, torch.nn.Module) or getattr(obj, "checkflow_global", False)
         },
     )
+
+
+# -- pipeline stages ------------------------------------------------------------------------
+class ModelState:
+    """A model (or pipeline stage) and its optimizer as one state object keyed by global
+    parameter names, so that a restore into a different stage split finds every entry.
+
+    ``optimizer.state_dict()`` numbers parameters per optimizer, which changes with the split;
+    this uses ``torch.distributed.checkpoint.state_dict`` to key optimizer state by the
+    parameter's name instead. Give each stage's module its global names (``layers.3``).
+
+    Args:
+        model: the module (a stage holding only some layers is fine).
+        optimizer: its optimizer, if any.
+    """
+
+    checkflow_global = True
+    """Its tensors are global (sharded or replicated), not per-rank."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
+        self.model = model
+        self.optimizer = optimizer
+
+    @staticmethod
+    def _options() -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = self._options()
+        out = {f"model.{k}": v for k, v in get_model_state_dict(self.model, options=opts).items()}
+        if self.optimizer is not None:
+            optim = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
+            out.update({f"optim.{k}": v for k, v in optim.items()})
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        opts = self._options()
+        model = {k[6:]: v for k, v in state_dict.items() if k.startswith("model.")}
+        set_model_state_dict(self.model, model, options=opts)
+        if self.optimizer is not None:
+            optim = {k[6:]: v for k, v in state_dict.items() if k.startswith("optim.")}
+            set_optimizer_state_dict(self.model, self.optimizer, optim, options=opts)

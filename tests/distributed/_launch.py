@@ -27,7 +27,7 @@ def run_ranks(
     config: dict[str, Any],
     *,
     env: dict[str, str] | None = None,
-    timeout: float = 120,
+    timeout: float = 300,
     expect_killed: bool = False,
 ) -> list[str]:
     """Run ``_worker.py`` on ``world`` ranks with ``config``; returns each rank's stdout.

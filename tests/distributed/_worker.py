@@ -136,12 +136,100 @@ def restore(cfg: dict[str, Any], rank: int, world: int) -> None:
     dump(model, opt, cfg.get("out"), rank)
 
 
+PIPE_WIDTHS = (IN, 12, 12, 12, OUT)  # 4 layers: 1, 2 or 4 stages
+
+
+class Stage(nn.Module):
+    """Layers ``first..last-1`` of a 4-layer MLP, under their global names ``layers.i``."""
+
+    def __init__(self, first: int, last: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # every layer gets the same weights whatever the split
+        layers = nn.ModuleDict(
+            {str(i): nn.Linear(PIPE_WIDTHS[i], PIPE_WIDTHS[i + 1]) for i in range(4)}
+        )
+        for i in range(4):
+            if not first <= i < last:
+                del layers[str(i)]
+        self.layers = layers
+        self.first, self.last = first, last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(self.first, self.last):
+            x = self.layers[str(i)](x)
+            if i < 3:
+                x = torch.tanh(x)
+        return x
+
+
+def pipeline_step(stage: Stage, step: int, rank: int, world: int) -> None:
+    """One training step of a hand-built pipeline: activations forward, gradients back."""
+    x, y = batch(step, 0)
+    if rank > 0:
+        x = torch.empty(16, PIPE_WIDTHS[stage.first])
+        dist.recv(x, rank - 1)
+        x.requires_grad_(True)
+    out = stage(x)
+    if rank < world - 1:
+        dist.send(out.detach(), rank + 1)
+        grad = torch.empty_like(out)
+        dist.recv(grad, rank + 1)
+        out.backward(grad)
+    else:
+        y = y[:, : PIPE_WIDTHS[-1]]
+        (out - y).pow(2).mean().backward()
+    if rank > 0:
+        dist.send(x.grad, rank - 1)
+
+
+def train_pipeline(cfg: dict[str, Any], rank: int, world: int) -> None:
+    from checkflow.distributed import ModelState
+
+    per = 4 // world
+    stage = Stage(rank * per, (rank + 1) * per)
+    opt = torch.optim.Adam(stage.parameters(), lr=0.01)
+    state = ModelState(stage, opt)
+    kill = cfg.get("kill") or {}
+    with Checkpointer(cfg["uri"], {"stage": state}, every=cfg["every"], keep=0) as ckpt:
+        start = ckpt.restore(cfg.get("restore_step"))
+        print(json.dumps({"restored": start}), flush=True)
+        for step in range(start, cfg["steps"]):
+            pipeline_step(stage, step, rank, world)
+            opt.step()
+            opt.zero_grad()
+            future = ckpt.step()
+            if future is not None and ckpt.current_step != kill.get("after_step"):
+                future.result()
+            if kill.get("rank") == rank and ckpt.current_step == kill["after_step"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+    if cfg.get("out"):
+        torch.save(state.state_dict(), f"{cfg['out']}.{rank}")
+
+
+def dcp_load(cfg: dict[str, Any], rank: int, world: int) -> None:
+    """Read a DCP checkpoint (exported by checkflow) into an FSDP2 model and its optimizer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    model = wrap(build_model(), cfg["kind"], world)
+    sd = {"model": get_model_state_dict(model)}
+    dcp.load(sd, checkpoint_id=cfg["dcp"])
+    set_model_state_dict(model, sd["model"])
+    dump(model, None, cfg.get("out"), rank)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        {"train": train, "restore": restore}[cfg["scenario"]](cfg, rank, world)
+        scenarios = {
+            "train": train,
+            "restore": restore,
+            "pipeline": train_pipeline,
+            "dcp_load": dcp_load,
+        }
+        scenarios[cfg["scenario"]](cfg, rank, world)
     finally:
         dist.destroy_process_group()
 
