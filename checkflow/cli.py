@@ -338,7 +338,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     steps = committed_steps(storage)
     partial = [s for s in step_folders(storage) if s not in steps]
     if args.json:
-        rows = [
+        records = [
             {
                 "step": s,
                 "kind": m.kind,
@@ -349,7 +349,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             }
             for s, m in steps.items()
         ]
-        print(json.dumps({"uri": args.uri, "checkpoints": rows, "uncommitted": partial}))
+        print(json.dumps({"uri": args.uri, "checkpoints": records, "uncommitted": partial}))
         return EXIT_OK
     if not steps and not partial:
         print(f"no checkpoints in {args.uri}")

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -204,7 +205,8 @@ def test_restore_torch_writes_a_file_torch_load_reads_back_equal(
 ) -> None:
     root, final = saved
     out = tmp_path / "model.pt"
-    res = run_cli("restore", str(root), "--out", str(out))
+    out.write_bytes(b"an older export")  # --force replaces it (without, exit 2: see below)
+    res = run_cli("restore", str(root), "--out", str(out), "--force")
 
     assert res.returncode == 0, res.stderr
     assert f"restored step {STEPS}" in res.stdout
@@ -308,6 +310,18 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(
     assert tree_digest(ckpt) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == outside
     assert existing.read_bytes() == b"precious"
+
+
+def test_restore_with_coordinator_calls_the_roll_back_and_fails_when_unreachable() -> None:
+    with socket.socket() as sock:  # a port nobody listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+
+    res = run_cli("restore", "--coordinator", url, "--job", "run-1", "--step", "3")
+
+    assert res.returncode == 1
+    assert url in res.stderr and "Traceback" not in res.stderr
 
 
 # -- S3 --------------------------------------------------------------------------------------
