@@ -372,7 +372,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         hint = "" if args.all else "; --all lists them"
         print(
             f"note: {len(partial)} uncommitted step folder(s) without MANIFEST.json "
-            f"(in flight, or abandoned and removed by gc): {names}{hint}"
+            f"(in flight, or abandoned: gc removes those older than the newest commit): "
+            f"{names}{hint}"
         )
     return EXIT_OK
 
