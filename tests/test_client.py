@@ -1,0 +1,177 @@
+"""CoordinatorClient against a real coordinator (uvicorn in a thread of this process)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from checkflow_server.app import create_app
+from checkflow_server.settings import Settings
+
+from checkflow.client import ABORT_EXIT_CODE, CheckpointSchedule, CoordinatorClient
+
+TOKEN = "client-test"
+
+
+class ThreadServer:
+    """A real uvicorn server on a fixed port, started and stopped on demand."""
+
+    def __init__(self, db: Path, port: int) -> None:
+        self.db, self.port = db, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.server: uvicorn.Server | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        app = create_app(
+            Settings(db=self.db, token=TOKEN, sync_storage=False, detector_period_s=0.05)
+        )
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        assert self.server is not None and self.thread is not None
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def get(self, path: str) -> dict:
+        r = httpx.get(self.url + path, headers={"Authorization": f"Bearer {TOKEN}"})
+        r.raise_for_status()
+        return r.json()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ThreadServer]:
+    s = ThreadServer(tmp_path / "c.db", free_port())
+    s.start()
+    yield s
+    s.stop()
+
+
+def make_client(url: str, rank: int = 0, world: int = 1, **kw: object) -> CoordinatorClient:
+    return CoordinatorClient(
+        url,
+        "job",
+        rank,
+        world,
+        token=TOKEN,
+        heartbeat_interval_s=0.05,
+        heartbeat_timeout_s=1.0,
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def wait_for(predicate: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_schedule_keeps_the_old_interval_below_the_new_anchor() -> None:
+    s = CheckpointSchedule(anchor=110, interval=20, previous_anchor=10, previous_interval=10)
+    assert [k for k in range(0, 160) if s.is_checkpoint(k)] == [
+        10,
+        20,
+        30,
+        40,
+        50,
+        60,
+        70,
+        80,
+        90,
+        100,
+        110,
+        130,
+        150,
+    ]
+    assert (s.next_after(95), s.next_after(100), s.next_after(110)) == (100, 110, 130)
+
+
+def test_register_heartbeat_and_report_steps(server: ThreadServer) -> None:
+    with make_client(server.url) as c:
+        reg = c.register()
+        assert reg is not None
+        assert (reg.generation, reg.restore_step, reg.interval, reg.next_checkpoint_step) == (
+            1,
+            None,
+            10,
+            10,
+        )
+        c.start()
+        c.report_progress(7, 0.1, 0.01, 0.2)
+        wait_for(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 7)
+        rank = server.get("/v1/jobs/job/ranks")["ranks"][0]
+        assert (rank["iteration_s"], rank["stall_s"], rank["persist_s"]) == (0.1, 0.01, 0.2)
+        assert c.next_checkpoint_step == 10 and c.should_checkpoint(10) is True
+        assert c.should_checkpoint(11) is False
+        assert c.report_persisted(10, 123, 0.5, "step-000000010/rank-00000.json") is True
+        c.report_committed(10)
+        c.finish()
+    assert server.get("/v1/jobs/job/restore-point")["step"] == 10
+    assert server.get("/v1/jobs/job/ranks")["ranks"][0]["state"] == "finished"
+
+
+def test_abort_calls_on_abort_with_the_reason(server: ThreadServer) -> None:
+    reasons: list[str] = []
+    with (
+        make_client(server.url, 0, 2, on_abort=reasons.append) as c0,
+        make_client(server.url, 1, 2) as c1,
+    ):
+        assert c0.register() and c1.register()
+        c0.start()
+        httpx.post(
+            f"{server.url}/v1/jobs/job/recover",
+            json={},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ).raise_for_status()
+        wait_for(lambda: reasons)
+    assert "moved to generation 2" in reasons[0]
+    assert CoordinatorClient.ABORT_EXIT_CODE == ABORT_EXIT_CODE == 75
+
+
+def test_training_goes_on_while_the_coordinator_is_down_and_catches_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    server = ThreadServer(tmp_path / "c.db", port)
+    caplog.set_level(logging.WARNING, logger="checkflow.client")
+    with make_client(server.url) as c:
+        t = time.monotonic()
+        assert c.register() is None  # nobody listening: no wait beyond one refused connect
+        assert time.monotonic() - t < 1.0
+        assert c.report_persisted(10, 1, 0.1, "m") is None
+        c.start()
+        c.report_progress(3)
+        time.sleep(0.3)
+        unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(unreachable) == 1  # logged once, not per retry
+        server.start()
+        try:
+            wait_for(lambda: c.generation == 1, timeout=10)  # registered on its own
+            c.report_progress(5)
+            wait_for(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 5)
+            assert c.interval == 10
+            assert any("reachable again" in r.getMessage() for r in caplog.records)
+        finally:
+            server.stop()
