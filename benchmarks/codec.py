@@ -127,7 +127,7 @@ def train_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str,
     return {k: v.clone() for k, v in state.items()}
 
 
-def dense(width: int, depth: int, checkpoints: int, steps_between: int) -> None:
+def dense(width: int, depth: int, checkpoints: int, steps_between: int, warmup: int) -> None:
     torch.manual_seed(0)
     model = MLP(width, depth)
     teacher = MLP(width, 2)
@@ -141,11 +141,12 @@ def dense(width: int, depth: int, checkpoints: int, steps_between: int) -> None:
             opt.step()
             opt.zero_grad()
 
-    train(5)  # warm-up: exp_avg_sq non-zero everywhere
+    train(warmup)  # the first (full) checkpoint comes after this many steps
     state = train_state(model, opt)
     full = nbytes(state)
     print(f"\n## Dense: MLP {depth} x Linear({width}, {width}) + AdamW, "
-          f"{full / 2**20:.0f} MiB of state, {steps_between} steps between checkpoints, "
+          f"{full / 2**20:.0f} MiB of state, first checkpoint at step {warmup}, "
+          f"{steps_between} steps between checkpoints, "
           f"{checkpoints} deltas")  # fmt: skip
     chains = {
         "delta": Chain(DeltaCodec()),
@@ -254,6 +255,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--checkpoints", type=int, default=5, help="dense deltas")
     ap.add_argument("--steps", type=int, default=3, help="training steps between checkpoints")
+    ap.add_argument("--warmup", type=int, default=20, help="training steps before the full one")
     ap.add_argument("--speed-mib", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--only", choices=["sparse", "dense", "speed"])
@@ -265,7 +267,7 @@ def main() -> None:
     if args.only in (None, "sparse"):
         sparse(args.size, args.intervals, args.frac, args.dim)
     if args.only in (None, "dense"):
-        dense(args.width, args.depth, args.checkpoints, args.steps)
+        dense(args.width, args.depth, args.checkpoints, args.steps, args.warmup)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch
 
 from checkflow.codec._kernel_c import SOURCE
 from checkflow.codec.base import CodecError
-from checkflow.codec.blocks import Layout, pack_bitmap
+from checkflow.codec.blocks import Layout, int_view, pack_bitmap
 
 logger = logging.getLogger(__name__)
 
@@ -263,4 +263,6 @@ def _raw_blocks(flat: torch.Tensor, region: Any, changed: np.ndarray, kinds: np.
         return []
     ids = np.flatnonzero(changed[region.first : region.first + region.count])[kinds == 3]
     rows, cols = torch.from_numpy(ids // region.nblocks), torch.from_numpy(ids % region.nblocks)
-    return [bytes(region.view(flat)[rows, cols].contiguous().view(torch.uint8).numpy())]
+    # Integer view: float indexing may canonicalize NaN payloads.
+    blocks = region.view(int_view(flat))[rows, cols].contiguous()
+    return [bytes(blocks.view(torch.uint8).numpy())]

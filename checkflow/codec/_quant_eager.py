@@ -18,6 +18,8 @@ reconstruction and a restore agree exactly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from checkflow.codec.blocks import int_view
@@ -48,23 +50,32 @@ def dequant_log(
     return bits.to(int_view(r).dtype).view(r.dtype)
 
 
+def _all_finite(v: torch.Tensor) -> torch.Tensor:
+    """Per row: no NaN/inf (exponent bits not all ones); integer reductions vectorize well."""
+    vi = int_view(v)
+    mag = vi & (0x7FFFFFFF if vi.dtype == torch.int32 else 0x7FFF)
+    return mag.amax(dim=-1) <= MAX_FINITE_BITS[v.dtype]
+
+
 def _quant_linear(
     x: torch.Tensor, r: torch.Tensor, levels: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     d = x.to(torch.float32) - r.to(torch.float32)
+    # NaN propagates through amin/amax and inf makes the scale inf: non-finite x or r, or a
+    # delta that overflows fp32, all land in ``not ok`` without a separate isfinite pass.
     lo, hi = d.amin(dim=-1), d.amax(dim=-1)
     scale = (hi - lo) / levels
-    ok = torch.isfinite(lo) & torch.isfinite(scale)
     inv = 1.0 / torch.where(scale > 0, scale, torch.ones_like(scale))
-    ok &= torch.isfinite(inv)
-    # Multiply by the reciprocal and round half up, as the kernel does (encoder-only choice).
-    q = ((d - lo[:, None]) * inv[:, None]).add_(0.5).floor_().clamp_(0, levels)
-    q = torch.nan_to_num_(q, nan=0.0).to(torch.uint8)
+    ok = torch.isfinite(lo) & torch.isfinite(scale) & torch.isfinite(inv)
     lo, scale = torch.where(ok, lo, 0.0), torch.where(ok, scale, 0.0)
+    inv = torch.where(ok, inv, 0.0)
+    # Multiply by the reciprocal and round half up, as the kernel does (encoder-only choice).
+    q = (d - lo[:, None]).mul_(inv[:, None]).add_(0.5).floor_().clamp_(0, levels)
+    q = torch.nan_to_num_(q, nan=0.0).to(torch.uint8)
     new = dequant_linear(r, q, lo, scale)
-    ok &= torch.isfinite(new).all(dim=-1)
+    ok &= _all_finite(new)
     meta = torch.stack([lo.view(torch.int32), scale.view(torch.int32)], dim=1)
-    return q, meta, new, ok, d
+    return q, meta, new, ok
 
 
 def _quant_log(
@@ -80,6 +91,18 @@ def _quant_log(
     return q, torch.stack([lo32, step32], dim=1), new
 
 
+def _log_eligible(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Per row: x and r all finite and >= 0 (sign bit clear): bits in [0, max finite]."""
+    top = MAX_FINITE_BITS[x.dtype]
+    xi, ri = int_view(x), int_view(r)
+    return (
+        (xi.amin(dim=-1) >= 0)
+        & (xi.amax(dim=-1) <= top)
+        & (ri.amin(dim=-1) >= 0)
+        & (ri.amax(dim=-1) <= top)
+    )
+
+
 def quantize_blocks(
     x: torch.Tensor, r: torch.Tensor, bits: int, log_space: bool, max_step: int = -1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -93,37 +116,35 @@ def quantize_blocks(
     """
     levels = (1 << bits) - 1
     k = x.shape[0]
-    finite = torch.isfinite(x).all(dim=-1) & torch.isfinite(r).all(dim=-1)
+    use_log = _log_eligible(x, r) if log_space else torch.zeros(k, dtype=torch.bool)
+    if not bool(use_log.any()):
+        # The common case (weights, exp_avg): every block linear or RAW, no scatter needed.
+        codes, meta, new, ok = _quant_linear(x, r, levels)
+        kinds = torch.where(ok, LINEAR, RAW).to(torch.uint8)
+        if not bool(ok.all()):
+            put(new, ~ok, take(x, ~ok))
+        return kinds, meta, codes, new
     kinds = torch.full((k,), RAW, dtype=torch.uint8)
     meta = torch.zeros((k, 2), dtype=torch.int32)
     codes = torch.zeros(x.shape, dtype=torch.uint8)
     new = x.clone()
-    if log_space:
-        nonneg = (int_view(x) >= 0).all(dim=-1) & (int_view(r) >= 0).all(dim=-1)
-        use_log = finite & nonneg
-    else:
-        use_log = torch.zeros(k, dtype=torch.bool)
-    lin = finite & ~use_log
-    for mask, kind in ((lin, LINEAR), (use_log, LOG)):
+    for mask, kind in ((~use_log, LINEAR), (use_log, LOG)):
         if not bool(mask.any()):
             continue
         every = bool(mask.all())
-        xs, rs = (x, r) if every else (x[mask], r[mask])
+        xs, rs = (x, r) if every else (take(x, mask), take(r, mask))
+        idx = mask.nonzero().reshape(-1)
         if kind == LINEAR:
-            q, m, n, ok, _ = _quant_linear(xs, rs, levels)
-            idx = mask.nonzero().reshape(-1)[ok] if not every else ok.nonzero().reshape(-1)
-            if not bool(ok.all()):
-                q, m, n = q[ok], m[ok], n[ok]
+            q, m, n, ok = _quant_linear(xs, rs, levels)
         else:
             q, m, n = _quant_log(xs, rs, levels)
-            idx = mask.nonzero().reshape(-1)
-            if max_step >= 0:
-                ok = m[:, 1] <= max_step
-                idx, q, m, n = idx[ok], q[ok], m[ok], n[ok]
+            ok = m[:, 1] <= max_step if max_step >= 0 else torch.ones_like(idx, dtype=torch.bool)
+        if not bool(ok.all()):
+            idx, q, m, n = idx[ok], q[ok], m[ok], take(n, ok)
         kinds[idx] = kind
         meta[idx] = m
         codes[idx] = q
-        new[idx] = n
+        put(new, idx, n)
     return kinds, meta, codes, new
 
 
@@ -146,19 +167,19 @@ def dequantize_blocks(
     out = torch.empty_like(r)
     is_raw = kinds == RAW
     if raw.numel():
-        out[is_raw] = raw
+        put(out, is_raw, raw)
     quant = ~is_raw
     if not bool(quant.any()):
         return out
     qkinds = kinds[quant]
-    rq = r[quant]
+    rq = take(r, quant)
     newq = torch.empty_like(rq)
     for kind in (LINEAR, LOG):
         sel = qkinds == kind
         if not bool(sel.any()):
             continue
         every = bool(sel.all())
-        rs, qs, ms = (rq, codes, meta) if every else (rq[sel], codes[sel], meta[sel])
+        rs, qs, ms = (rq, codes, meta) if every else (take(rq, sel), codes[sel], meta[sel])
         if kind == LINEAR:
             n = dequant_linear(rs, qs, ms[:, 0].view(torch.float32), ms[:, 1].view(torch.float32))
         else:
@@ -166,9 +187,19 @@ def dequantize_blocks(
         if every:
             newq = n
         else:
-            newq[sel] = n
-    out[quant] = newq
+            put(newq, sel, n)
+    put(out, quant, newq)
     return out
+
+
+def take(t: torch.Tensor, index: Any) -> torch.Tensor:
+    """``t[index]`` through an integer view: float indexing may canonicalize NaN payloads."""
+    return int_view(t)[index].view(t.dtype)
+
+
+def put(t: torch.Tensor, index: Any, values: torch.Tensor) -> None:
+    """``t[index] = values``, bit for bit (see :func:`take`)."""
+    int_view(t)[index] = int_view(values)
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:

@@ -36,13 +36,16 @@ from checkflow.codec._quant_eager import (
     dequantize_blocks,
     pack_codes,
     quantize_blocks,
+    take,
     unpack_codes,
 )
 from checkflow.codec.base import Buffer, Codec, CodecError, Encoded, tensor_bytes, tensor_from_bytes
 from checkflow.codec.blocks import (
     Layout,
+    Region,
     block_layout,
     changed_blocks,
+    int_view,
     itemsize_of,
     pack_bitmap,
     region_indices,
@@ -250,19 +253,29 @@ def _encode_eager(
     changed = changed_blocks(flat, ref.snap, layout)
     kinds_p, meta_p, codes_p, raw_p = [], [], [], []
     for region, rows, cols in region_indices(changed, layout):
-        xv, rv, sv = region.view(flat), region.view(ref.recon), region.view(ref.snap)
+        xv, rv, sv = (region.view(int_view(t)) for t in (flat, ref.recon, ref.snap))
         step = max(1, _BATCH // region.blen)
         for i in range(0, len(rows), step):
             ri, ci = rows[i : i + step], cols[i : i + step]
-            xb = xv[ri, ci]
-            kinds, meta, codes, new = quantize_blocks(xb, rv[ri, ci], bits, log_space, max_step)
+            run = _run(region, ri, ci)
+            if run is not None:  # a run of whole blocks: views, no gather/scatter
+                xb, rb, sb = (t[run].view(-1, region.blen) for t in (flat, ref.recon, ref.snap))
+            else:
+                xb, rb = xv[ri, ci].view(flat.dtype), rv[ri, ci].view(flat.dtype)
+            kinds, meta, codes, new = quantize_blocks(xb, rb, bits, log_space, max_step)
             quant = kinds != RAW
+            every = bool(quant.all())
             kinds_p.append(kinds)
-            meta_p.append(meta[quant])
-            codes_p.append(pack_codes(codes[quant], bits))
-            raw_p.append(xb[~quant].reshape(-1))
-            rv[ri, ci] = new
-            sv[ri, ci] = xb
+            meta_p.append(meta if every else meta[quant])
+            codes_p.append(pack_codes(codes if every else codes[quant], bits))
+            if not every:
+                raw_p.append(take(xb, ~quant).reshape(-1))
+            if run is not None:
+                rb.copy_(new)
+                sb.copy_(xb)
+            else:
+                rv[ri, ci] = int_view(new)
+                sv[ri, ci] = int_view(xb)
     if not kinds_p:
         return [pack_bitmap(changed.numpy()), b"", b"", b"", b""], 0
     kinds = torch.cat(kinds_p)
@@ -271,9 +284,21 @@ def _encode_eager(
         _zstd(tensor_bytes(kinds)),
         bytes(tensor_bytes(torch.cat(meta_p))),
         b"".join(bytes(tensor_bytes(c.contiguous())) for c in codes_p),
-        bytes(tensor_bytes(torch.cat(raw_p))),
+        b"".join(bytes(tensor_bytes(r.contiguous())) for r in raw_p),
     ]
     return sections, int(kinds.numel())
+
+
+def _run(region: Region, rows: torch.Tensor, cols: torch.Tensor) -> slice | None:
+    """The flat element slice of these blocks when they are consecutive in memory."""
+    if region.row_stride != region.nblocks * region.blen or not len(rows):
+        return None
+    first = int(rows[0]) * region.nblocks + int(cols[0])
+    last = int(rows[-1]) * region.nblocks + int(cols[-1])
+    if last - first != len(rows) - 1:
+        return None
+    start = region.offset + first * region.blen
+    return slice(start, start + len(rows) * region.blen)
 
 
 def _decode_eager(
@@ -293,7 +318,7 @@ def _decode_eager(
     raw_all = _frombuf(raw_b, out.dtype, len(raw_b) // itemsize_of(out.dtype), "raw blocks")
     pos = qpos = cpos = rpos = 0
     for region, rows, cols in region_indices(torch.from_numpy(changed), layout):
-        ov = region.view(out)
+        ov = region.view(int_view(out))
         per_block = (region.blen * bits + 7) // 8
         step = max(1, _BATCH // region.blen)
         for i in range(0, len(rows), step):
@@ -306,10 +331,15 @@ def _decode_eager(
             if packed.numel() != kq * per_block or raw.numel() != (k - kq) * region.blen:
                 raise CodecError("quantized delta is shorter than its block map says")
             codes = unpack_codes(packed.view(kq, per_block), bits, region.blen)
+            run = _run(region, ri, ci)
+            ob = out[run].view(-1, region.blen) if run is not None else ov[ri, ci].view(out.dtype)
             new = dequantize_blocks(
-                ov[ri, ci], kb, meta[qpos : qpos + kq], codes, raw.view(-1, region.blen)
+                ob, kb, meta[qpos : qpos + kq], codes, raw.view(-1, region.blen)
             )
-            ov[ri, ci] = new
+            if run is not None:
+                ob.copy_(new)
+            else:
+                ov[ri, ci] = int_view(new)
             pos, qpos, cpos, rpos = pos + k, qpos + kq, cpos + kq * per_block, rpos + raw.numel()
     if cpos != codes_all.numel() or rpos != raw_all.numel() or qpos != nq:
         raise CodecError("quantized delta is longer than its block map says")

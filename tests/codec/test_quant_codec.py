@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkflow.codec import CodecError, _native, get_codec
+from checkflow.codec.blocks import int_view
 from checkflow.codec.quant import MIN_ROW, Q2Codec, Q4Codec, Q8Codec
 
 CODECS = {"q8": Q8Codec, "q4": Q4Codec, "q2": Q2Codec}
@@ -122,6 +123,20 @@ def test_nan_and_inf_are_stored_exactly_and_the_rest_of_the_chunk_still_quantize
     z[3] = 1.0  # leaving NaN: the block is re-encoded from an exact base
     enc, ref, out = roundtrip(codec, z, ref, out)
     assert torch.isfinite(out[:8]).all()
+
+
+@pytest.mark.parametrize("native", [None, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_payloads_survive_a_quantized_chain_bit_for_bit(dtype, native):
+    codec = Q8Codec(block=4, native=native)
+    x = torch.randn(64).to(dtype)
+    _, ref, out = roundtrip(codec, x, None, None)
+    y = x.clone()
+    yi = int_view(y)
+    yi[5] = -1  # all-ones bits: a negative NaN with a full payload
+    yi[22] = 0x7F81 if dtype == torch.bfloat16 else (0x7C01 if dtype == torch.float16 else yi[22])
+    enc, ref, out = roundtrip(codec, y, ref, out)
+    assert bits_equal(out[4:8], y[4:8]) and bits_equal(out[20:24], y[20:24])
 
 
 def test_huge_values_whose_delta_overflows_fp32_are_stored_exactly():
