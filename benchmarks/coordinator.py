@@ -73,6 +73,8 @@ class Result:
     false_failures: int = 0
     """Ranks that kept heartbeating but were declared failed (replies came too late)."""
     client_cpu_s: float = 0.0
+    runq_wait_s: float = 0.0
+    """Time the server was runnable but waiting for a CPU (other processes had them)."""
 
 
 class HttpConn(asyncio.Protocol):
@@ -132,6 +134,14 @@ def free_port() -> int:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the process's threads waited for a CPU while runnable (scheduler contention)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
 
 
 def start_server(db: Path, port: int) -> subprocess.Popen[bytes]:
@@ -216,13 +226,13 @@ async def run_load(port: int, sc: Scenario, job: str, duration: float, pid: int)
                     body = json.dumps(status).encode()
                 else:
                     body = json.dumps({"ranks": [{"rank": r, **status} for r in live]}).encode()
-                start = loop.time()
+                start = time.perf_counter()
                 try:
                     code, _ = await conn.request("POST", path, body)
                 except ConnectionError:
                     code = 0
-                end = loop.time()
-                if measure_start <= start < measure_end:
+                end = time.perf_counter()
+                if measure_start <= loop.time() < measure_end:
                     res.requests += 1
                     res.latencies.append(end - start)
                     if code != 200:
@@ -234,13 +244,16 @@ async def run_load(port: int, sc: Scenario, job: str, duration: float, pid: int)
     async def cpu_probe() -> None:
         await asyncio.sleep(measure_start - loop.time())
         cpu["start"], cpu["client_start"] = cpu_seconds(pid), time.process_time()
+        cpu["wait_start"] = runqueue_wait_s(pid)
         await asyncio.sleep(measure_end - loop.time())
         cpu["end"], cpu["client_end"] = cpu_seconds(pid), time.process_time()
+        cpu["wait_end"] = runqueue_wait_s(pid)
 
     await asyncio.gather(cpu_probe(), *(sender(i) for i in range(sc.senders)))
     res.duration = duration
     res.cpu_s = cpu["end"] - cpu["start"]
     res.client_cpu_s = cpu["client_end"] - cpu["client_start"]
+    res.runq_wait_s = cpu["wait_end"] - cpu["wait_start"]
     res.silent = silent
     return res
 
@@ -288,33 +301,29 @@ def print_table(results: list[Result]) -> None:
         "max ms",
         "errors",
         "server CPU",
+        "server runq wait",
+        "client CPU",
         "CPU us/req",
         "CPU us/rank",
-        f"detected (<= {TIMEOUT_S + 1:.0f} s)",
+        f"silent found <= {TIMEOUT_S + 1:.0f} s",
         "max detect s",
+        "false failures",
     ]
     rows = []
     for r in results:
         sc, lat = r.scenario, sorted(r.latencies)
         rate = r.requests / r.duration
         cpu_per_req = r.cpu_s / r.requests * 1e6 if r.requests else 0.0
-        rows.append(
-            [
-                sc.name,
-                str(sc.senders),
-                f"{rate:.0f}",
-                f"{rate * sc.per_request:.0f}",
-                f"{statistics.median(lat) * 1e3:.2f}",
-                f"{pct(lat, 99) * 1e3:.2f}",
-                f"{lat[-1] * 1e3:.1f}",
-                str(r.errors),
-                f"{r.cpu_s / r.duration:.0%}",
-                f"{cpu_per_req:.0f}",
-                f"{cpu_per_req / sc.per_request:.0f}",
-                f"{sum(d <= TIMEOUT_S + 1 for d in r.detect)}/{r.silent}",
-                f"{max(r.detect, default=float('nan')):.2f}",
-            ]
-        )
+        rows.append([
+            sc.name, str(sc.senders), f"{rate:.0f}", f"{rate * sc.per_request:.0f}",
+            f"{statistics.median(lat) * 1e3:.2f}", f"{pct(lat, 99) * 1e3:.2f}",
+            f"{lat[-1] * 1e3:.1f}", str(r.errors), f"{r.cpu_s / r.duration:.0%}",
+            f"{r.runq_wait_s / r.duration:.0%}",
+            f"{r.client_cpu_s / r.duration:.0%}", f"{cpu_per_req:.0f}",
+            f"{cpu_per_req / sc.per_request:.0f}",
+            f"{sum(d <= TIMEOUT_S + 1 for d in r.detect)}/{len(r.silent)}",
+            f"{max(r.detect, default=float('nan')):.2f}", str(r.false_failures),
+        ])  # fmt: skip
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     print(" | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     print("-+-".join("-" * w for w in widths))

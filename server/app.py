@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from checkflow_server.api.deps import require_token, token_ok
+from checkflow_server.api.fastpath import HeartbeatFastPath
 from checkflow_server.api.routes import checkpoints, health, jobs, ranks
 from checkflow_server.coordinator import Conflict, Coordinator, NotFound
 from checkflow_server.db import Store
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = app.state.background
+        store.start_checkpointer()
         tasks.add(
             asyncio.create_task(
                 run_detector(
@@ -101,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         v1.include_router(module.router)
     app.include_router(v1)
     app.include_router(health.router)
+    app.add_middleware(HeartbeatFastPath, coordinator=coordinator, token=settings.token)
     _add_error_handlers(app)
     return app
 

@@ -10,11 +10,15 @@ startup and written through on every change.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -80,8 +84,45 @@ class Store:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.execute("PRAGMA busy_timeout=5000")
         self.conn.executescript(SCHEMA)
+        self.path = str(path)
+        self._stop = threading.Event()
+        self._checkpointer: threading.Thread | None = None
+
+    def start_checkpointer(self, period_s: float = 1.0) -> None:
+        """Move WAL checkpoints off the event loop, into a thread with its own connection.
+
+        A checkpoint copies the WAL into the database and fsyncs it: SQLite's automatic
+        one runs inside whichever commit crosses 1000 pages, and on a busy disk that fsync
+        stalled the event loop for hundreds of milliseconds (every heartbeat waited). The
+        thread's PASSIVE checkpoints never block writers; sqlite3 releases the GIL in them.
+        """
+        if self.path == ":memory:" or self._checkpointer is not None:
+            return
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop,
+            args=(period_s,),
+            name="sqlite-checkpointer",
+            daemon=True,
+        )
+        self._checkpointer.start()
+
+    def _checkpoint_loop(self, period_s: float) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=5000")
+        try:
+            while not self._stop.wait(period_s):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as e:  # retried next period; the WAL only grows meanwhile
+                    logger.warning("WAL checkpoint failed: %s", e)
+        finally:
+            conn.close()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join(timeout=10)
         self.conn.close()
 
     @contextmanager

@@ -321,3 +321,20 @@ def test_metrics_are_prometheus_text(client: TestClient) -> None:
         "checkflow_recovery_duration_seconds_count 0",
     ):
         assert line in text.splitlines()
+
+
+def test_fast_path_and_routed_heartbeats_answer_the_same(client: TestClient) -> None:
+    make_job(client, world=2)
+    register_all(client, "j", 2)
+    # "bearer" in lower case is valid but skips the fast path: FastAPI's route answers.
+    routed = {"Authorization": AUTH["Authorization"].replace("Bearer", "bearer")}
+    body = {"generation": 1, "step": 3, "iteration_s": 0.5}
+    fast = client.post("/v1/jobs/j/ranks/0/heartbeat", json=body)
+    slow = client.post("/v1/jobs/j/ranks/1/heartbeat", json=body, headers=routed)
+    assert fast.status_code == slow.status_code == 200
+    assert fast.json() == slow.json()
+    node = {"ranks": [{"rank": 0, "generation": 1, "step": 4}]}
+    fast = client.post("/v1/jobs/j/nodes/a/heartbeat", json=node)
+    slow = client.post("/v1/jobs/j/nodes/a/heartbeat", json=node, headers=routed)
+    assert fast.json() == slow.json()
+    assert [r["step"] for r in client.get("/v1/jobs/j/ranks").json()["ranks"]] == [4, 3]
