@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from checkflow import distributed
+from checkflow.catalog import committed_steps
 from checkflow.codec import CodecRules
 from checkflow.persist import (
     CommitProtocol,
     PersistWorker,
     RankResult,
     SingleProcessCommit,
-    committed_steps,
 )
 from checkflow.policy import FrequencyTuner
 from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError

@@ -333,7 +333,7 @@ def fmt_shape(shape: list[int]) -> str:
 def cmd_ls(args: argparse.Namespace) -> int:
     """Committed checkpoints as a table; uncommitted step folders as a note (or rows)."""
     storage = open_root(args)
-    from checkflow.persist import committed_steps
+    from checkflow.catalog import committed_steps
 
     steps = committed_steps(storage)
     partial = [s for s in step_folders(storage) if s not in steps]
@@ -512,7 +512,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Read and decode every chunk of one (or every) committed step; exit 1 on any problem."""
     storage = open_root(args)
     from checkflow import manifest as mf
-    from checkflow.persist import committed_steps
+    from checkflow.catalog import committed_steps
     from checkflow.restore import CheckpointReader, NoCheckpointError, resolve_step
 
     committed = committed_steps(storage)
@@ -728,7 +728,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             f"--keep must be at least 1 (got {args.keep}); gc keeps the newest checkpoints, "
             "to delete a whole run remove its folder yourself"
         )
-    from checkflow.persist import apply_retention, committed_steps, retention_plan
+    from checkflow.catalog import apply_retention, committed_steps, retention_plan
 
     storage = open_root(args)
     steps = committed_steps(storage)

@@ -25,10 +25,12 @@ import xxhash
 
 from checkflow import knobs
 from checkflow import manifest as mf
+from checkflow.catalog import apply_retention
 from checkflow.codec import CodecRules, get_codec
-from checkflow.codec.base import Buffer, dtype_name
+from checkflow.codec.base import dtype_name
 from checkflow.snapshot import Snapshot
 from checkflow.storage import Storage
+from checkflow.types import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -402,61 +404,3 @@ def write_commit(
     storage.put(f"{folder}/{mf.MANIFEST}", [manifest.to_json()])
     log.info("committed step %d (%s, %d bytes)", step, manifest.kind, manifest.nbytes)
     return manifest
-
-
-def committed_steps(storage: Storage) -> dict[int, mf.GlobalManifest]:
-    """Every committed checkpoint under the root, by step. Unreadable manifests are skipped."""
-    out: dict[int, mf.GlobalManifest] = {}
-    for name in storage.listdir():
-        step = mf.parse_step_dir(name)
-        if step is None:
-            continue
-        path = f"{name}/{mf.MANIFEST}"
-        try:
-            out[step] = mf.GlobalManifest.from_json(storage.read(path), where=storage.url(path))
-        except FileNotFoundError:
-            continue  # not committed: invisible
-        except (mf.ManifestError, OSError) as e:
-            log.warning("ignoring %s: %s", storage.url(path), e)
-    return dict(sorted(out.items()))
-
-
-def retention_plan(
-    steps: dict[int, mf.GlobalManifest], all_folders: list[int], keep: int
-) -> tuple[list[int], list[int]]:
-    """(steps to keep, step folders to delete) for ``keep`` newest committed checkpoints.
-
-    A base that a kept delta needs is kept, transitively. Folders without a commit are
-    deleted only below the newest committed step: above it they may still be in flight.
-    """
-    committed = sorted(steps)
-    wanted = set(committed[-keep:]) if keep else set(committed)
-    todo = list(wanted)
-    while todo:
-        s = todo.pop()
-        for base in steps[s].base_steps if s in steps else []:
-            if base not in wanted:
-                wanted.add(base)
-                todo.append(base)
-    newest = committed[-1] if committed else -1
-    delete = [s for s in all_folders if s not in wanted and (s in steps or s < newest)]
-    return sorted(wanted), sorted(delete)
-
-
-def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> list[int]:
-    """Delete checkpoints beyond the ``keep`` newest committed ones (and abandoned partial
-    folders). Returns the deleted steps. Never touches the newest committed checkpoint."""
-    steps = committed_steps(storage)
-    folders = [s for s in (mf.parse_step_dir(n) for n in storage.listdir()) if s is not None]
-    _, delete = retention_plan(steps, folders, keep)
-    if dry_run:
-        return delete
-    for step in delete:
-        try:
-            # The commit marker goes first: a half-deleted checkpoint is then invisible.
-            storage.delete(f"{mf.step_dir(step)}/{mf.MANIFEST}")
-            storage.delete(mf.step_dir(step))
-        except OSError as e:
-            # A failed deletion must not fail the checkpoint that triggered it.
-            log.warning("could not delete %s: %s", storage.url(mf.step_dir(step)), e)
-    return delete

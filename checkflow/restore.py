@@ -18,9 +18,9 @@ import torch
 import xxhash
 
 from checkflow import manifest as mf
+from checkflow.catalog import committed_steps
 from checkflow.codec import get_codec
 from checkflow.codec.base import CodecError, dtype_from_name
-from checkflow.persist import committed_steps
 from checkflow.state import iter_refs, unflatten
 from checkflow.storage import Storage, StorageError
 

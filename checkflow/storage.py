@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from checkflow.codec.base import Buffer
+from checkflow.types import Buffer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-Buffer = bytes | bytearray | memoryview
+from checkflow.types import Buffer
 
 
 class CodecError(ValueError):

@@ -89,7 +89,7 @@ def assert_bitwise_equal(a: Any, b: Any, where: str = "state") -> None:
             assert_bitwise_equal(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_bitwise_equal(x, y, f"{where}.{i}")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"

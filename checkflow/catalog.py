@@ -1,0 +1,105 @@
+"""What is under a checkpoint root: committed steps, partial folders, damaged commits; and
+retention. Reads manifests through ``Storage``; imports no torch, so ``checkflow ls``/``gc``
+start fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from checkflow import manifest as mf
+from checkflow.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Catalog:
+    committed: dict[int, mf.GlobalManifest] = field(default_factory=dict)
+    """Readable commits, by step, oldest first."""
+    folders: list[int] = field(default_factory=list)
+    """Every step folder, committed or not."""
+    damaged: dict[int, str] = field(default_factory=dict)
+    """Steps whose ``MANIFEST.json`` exists but cannot be read: why."""
+
+    @property
+    def partial(self) -> list[int]:
+        """Folders with no commit marker (in flight, or abandoned)."""
+        return [s for s in self.folders if s not in self.committed and s not in self.damaged]
+
+
+def scan(storage: Storage) -> Catalog:
+    cat = Catalog()
+    for name in storage.listdir():
+        step = mf.parse_step_dir(name)
+        if step is None:
+            continue
+        cat.folders.append(step)
+        path = f"{name}/{mf.MANIFEST}"
+        try:
+            cat.committed[step] = mf.GlobalManifest.from_json(
+                storage.read(path), where=storage.url(path)
+            )
+        except FileNotFoundError:
+            continue  # not committed: invisible
+        except (mf.ManifestError, OSError) as e:
+            log.warning("ignoring %s: %s", storage.url(path), e)
+            cat.damaged[step] = str(e)
+    cat.folders.sort()
+    cat.committed = dict(sorted(cat.committed.items()))
+    return cat
+
+
+def committed_steps(storage: Storage) -> dict[int, mf.GlobalManifest]:
+    """Every readable committed checkpoint under the root, by step, oldest first."""
+    return scan(storage).committed
+
+
+def retention_plan(
+    steps: dict[int, mf.GlobalManifest],
+    all_folders: list[int],
+    keep: int,
+    damaged: frozenset[int] | set[int] = frozenset(),
+) -> tuple[list[int], list[int]]:
+    """(steps to keep, step folders to delete) for ``keep`` newest committed checkpoints.
+
+    A base that a kept delta needs is kept, transitively. Folders without a commit are
+    deleted only below the newest committed step: above it they may still be in flight.
+    ``damaged`` folders (a commit marker that cannot be read) are never deleted: that is
+    evidence for a person to look at, not garbage.
+    """
+    committed = sorted(steps)
+    wanted = set(committed[-keep:]) if keep else set(committed)
+    todo = list(wanted)
+    while todo:
+        s = todo.pop()
+        for base in steps[s].base_steps if s in steps else []:
+            if base not in wanted:
+                wanted.add(base)
+                todo.append(base)
+    newest = committed[-1] if committed else -1
+    delete = [
+        s
+        for s in all_folders
+        if s not in wanted and s not in damaged and (s in steps or s < newest)
+    ]
+    return sorted(wanted), sorted(delete)
+
+
+def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> list[int]:
+    """Delete checkpoints beyond the ``keep`` newest committed ones (and abandoned partial
+    folders). Returns the deleted steps. Never touches the newest committed checkpoint."""
+    cat = scan(storage)
+    _, delete = retention_plan(cat.committed, cat.folders, keep, set(cat.damaged))
+    if dry_run:
+        return delete
+    for step in delete:
+        try:
+            # The commit marker goes first: a half-deleted checkpoint is then invisible.
+            storage.delete(f"{mf.step_dir(step)}/{mf.MANIFEST}")
+            storage.delete(mf.step_dir(step))
+        except OSError as e:
+            # A failed deletion must not fail the checkpoint that triggered it.
+            log.warning("could not delete %s: %s", storage.url(mf.step_dir(step)), e)
+    return delete
