@@ -58,7 +58,7 @@ def rank_public(job: Job, rank: int) -> RankPublic:
 def checkpoint_public(job: Job, ck: Checkpoint) -> CheckpointPublic:
     return CheckpointPublic(
         step=ck.step,
-        status=ck.status,  # type: ignore[arg-type]
+        status=ck.status,
         generation=ck.generation,
         persisted_ranks=ck.persisted,
         world_size=job.world_size,
@@ -66,5 +66,5 @@ def checkpoint_public(job: Job, ck: Checkpoint) -> CheckpointPublic:
         started=ck.started,
         committed_at=ck.committed_at,
         committer=ck.committer,
-        source=ck.source,  # type: ignore[arg-type]
+        source=ck.source,
     )

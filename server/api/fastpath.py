@@ -96,7 +96,7 @@ class HeartbeatFastPath:
                 j, (action,) = self.coordinator.heartbeat(job, [report])
                 return HeartbeatReply(
                     action=action,
-                    generation=j.generation,  # type: ignore[arg-type]
+                    generation=j.generation,
                     interval=j.interval,
                     next_checkpoint_step=j.next_checkpoint_step(),
                     schedule=schedule_of(j),
@@ -117,8 +117,7 @@ class HeartbeatFastPath:
             next_checkpoint_step=j.next_checkpoint_step(),
             schedule=schedule_of(j),
             ranks=[
-                RankAction(rank=r.rank, action=a)  # type: ignore[arg-type]
-                for r, a in zip(reports, actions, strict=True)
+                RankAction(rank=r.rank, action=a) for r, a in zip(reports, actions, strict=True)
             ],
         )
 

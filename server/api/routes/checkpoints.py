@@ -37,7 +37,7 @@ async def report_part(
     )
     return PartReply(
         step=step,
-        status=ck.status,  # type: ignore[arg-type]
+        status=ck.status,
         persisted_ranks=ck.persisted,
         world_size=coordinator.job(job).world_size,
         must_commit=must_commit,

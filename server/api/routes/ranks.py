@@ -50,7 +50,7 @@ async def heartbeat(
     )
     j, (action,) = coordinator.heartbeat(job, [report])
     return HeartbeatReply(
-        action=action,  # type: ignore[arg-type]
+        action=action,
         generation=j.generation,
         interval=j.interval,
         next_checkpoint_step=j.next_checkpoint_step(),
@@ -72,7 +72,7 @@ async def node_heartbeat(
         interval=j.interval,
         next_checkpoint_step=j.next_checkpoint_step(),
         schedule=schedule_of(j),
-        ranks=[RankAction(rank=r.rank, action=a) for r, a in zip(reports, actions, strict=True)],  # type: ignore[arg-type]
+        ranks=[RankAction(rank=r.rank, action=a) for r, a in zip(reports, actions, strict=True)],
     )
 
 
