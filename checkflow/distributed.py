@@ -614,3 +614,20 @@ class ModelState:
         if self.optimizer is not None:
             optim = {k[6:]: v for k, v in state_dict.items() if k.startswith("optim.")}
             set_optimizer_state_dict(self.model, self.optimizer, optim, options=opts)
+
+
+def consolidated_state_dicts(reader: CheckpointReader, step: int) -> dict[str, Any]:
+    """``{name: state_dict}`` of the whole job with full tensors: rank 0's objects, each
+    completed with the entries only other ranks saved (pipeline stages)."""
+    world = reader.manifest(step).world_size
+    skeleton = reader.skeleton(step, 0)
+    for r in range(1, world):
+        for name, value in reader.skeleton(step, r).items():
+            mine = skeleton.get(name)
+            if isinstance(mine, Mapping) and isinstance(value, Mapping):
+                extra = {k: v for k, v in value.items() if k not in mine}
+                if extra:
+                    mine.update(extra)  # type: ignore[attr-defined]
+            elif name not in skeleton:
+                skeleton[name] = value
+    return unflatten(skeleton, reader.tensors(step, set(iter_refs(skeleton))))

@@ -299,4 +299,7 @@ def load(
     """
     storage = open_storage(uri, storage_options)
     reader = CheckpointReader(storage, progress)
-    return reader.state_dicts(resolve_step(storage, step))
+    from checkflow.distributed import consolidated_state_dicts
+
+    # Pipeline stages each saved their own modules: the consolidated view joins them.
+    return consolidated_state_dicts(reader, resolve_step(storage, step))

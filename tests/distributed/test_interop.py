@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -25,6 +26,8 @@ def _trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_exported_dcp_loads_into_fsdp2_ranks_bitwise(tmp_path):
     model, opt = _trained()
     with Checkpointer(str(tmp_path / "ckpt"), {"model": model, "optim": opt}, every=100) as c:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkflow import list_checkpoints
+from checkflow import list_checkpoints, load
 from tests.distributed._launch import run_ranks
 from tests.runtime._train import assert_bitwise_equal
 
@@ -35,6 +35,9 @@ def test_two_stage_pipeline_resumes_bitwise_after_sigkill_and_on_other_splits(tm
     killed = {**base, "uri": str(uri), "kill": {"rank": 1, "after_step": 5}}
     run_ranks(2, killed, expect_killed=True)
     assert [c.step for c in list_checkpoints(str(uri))] == [2, 4]
+    # The consolidated view (checkflow.load, `checkflow restore`) joins the stages.
+    layers = {k for k in load(str(uri), 4)["stage"] if k.startswith("model.")}
+    assert layers == {f"model.layers.{i}.{p}" for i in range(4) for p in ("weight", "bias")}
     for world in (1, 4):
         shutil.copytree(uri, tmp_path / f"split-{world}")
 
