@@ -176,43 +176,52 @@ async def setup_job(port: int, job: str, ranks: int) -> None:
     body = json.dumps({"name": job, "world_size": ranks, "heartbeat_timeout_s": TIMEOUT_S})
     status, _ = await conn.request("POST", "/v1/jobs", body.encode())
     assert status in (200, 201), status
-    conns = [await connect(port) for _ in range(32)]
-
-    async def register(c: HttpConn, rs: range) -> None:
-        for r in rs:
-            status, _ = await c.request("POST", f"/v1/jobs/{job}/ranks/{r}/register", b"{}")
-            assert status == 200, status
-
-    await asyncio.gather(*(register(c, range(i, ranks, 32)) for i, c in enumerate(conns)))
-    for c in [conn, *conns]:
-        assert c.transport is not None
-        c.transport.close()
+    assert conn.transport is not None
+    conn.transport.close()
 
 
 async def run_load(port: int, sc: Scenario, job: str, duration: float, pid: int) -> Result:
-    """Every sender sends once per second at its own phase; measures the middle window."""
+    """Each sender registers its ranks, then heartbeats once per second at its own phase.
+
+    The measured window starts 2 s after the last registration (registering thousands of
+    ranks takes longer than the heartbeat timeout, so heartbeats must start right away).
+    After the window, 1 % of the ranks go silent and the run goes on until they are found.
+    """
     res = Result(sc)
     silent = set(random.Random(0).sample(range(sc.ranks), max(1, sc.ranks // 100)))
     loop = asyncio.get_running_loop()
-    t0 = loop.time() + 1.0
-    warmup = 3.0
-    measure_start, measure_end = t0 + warmup, t0 + warmup + duration
-    silence_at = measure_end  # 1 % of ranks stop after the measured window
-    stop_at = silence_at + TIMEOUT_S + 2.0
+    inf = float("inf")
+    win = {"start": inf, "end": inf, "stop": inf}
+    registered = 0
+    all_registered = asyncio.Event()
     cpu: dict[str, float] = {}
 
     async def sender(i: int) -> None:
+        nonlocal registered
         conn = await connect(port)
         ranks = list(range(i * sc.per_request, (i + 1) * sc.per_request))
         if sc.per_request == 1:
             path = f"/v1/jobs/{job}/ranks/{ranks[0]}/heartbeat"
         else:
             path = f"/v1/jobs/{job}/nodes/node-{i:05d}/heartbeat"
+        for k, r in enumerate(ranks):
+            status, _ = await conn.request("POST", f"/v1/jobs/{job}/ranks/{r}/register", b"{}")
+            assert status == 200, status
+            if sc.per_request > 1:
+                # Like a node agent: report the ranks registered so far at once, so none of
+                # them waits for its node's other registrations (slower than the timeout
+                # when thousands of ranks register together on a loaded machine).
+                done = [{"rank": q, "generation": 1, "step": 0} for q in ranks[: k + 1]]
+                status, _ = await conn.request("POST", path, json.dumps({"ranks": done}).encode())
+                assert status == 200, status
+        registered += 1
+        if registered == sc.senders:
+            all_registered.set()
         step = 0
-        t = t0 + i / sc.senders  # spread senders over the second
-        while t < stop_at:
+        t = loop.time()
+        while t < win["stop"]:
             await asyncio.sleep(max(0.0, t - loop.time()))
-            live = [r for r in ranks if not (t >= silence_at and r in silent)]
+            live = [r for r in ranks if not (t >= win["end"] and r in silent)]
             step += 1
             if live:
                 status = {
@@ -232,7 +241,7 @@ async def run_load(port: int, sc: Scenario, job: str, duration: float, pid: int)
                 except ConnectionError:
                     code = 0
                 end = time.perf_counter()
-                if measure_start <= loop.time() < measure_end:
+                if win["start"] <= loop.time() < win["end"]:
                     res.requests += 1
                     res.latencies.append(end - start)
                     if code != 200:
@@ -241,15 +250,19 @@ async def run_load(port: int, sc: Scenario, job: str, duration: float, pid: int)
         assert conn.transport is not None
         conn.transport.close()
 
-    async def cpu_probe() -> None:
-        await asyncio.sleep(measure_start - loop.time())
+    async def window() -> None:
+        await all_registered.wait()
+        await asyncio.sleep(2.0)
+        win["start"] = loop.time()
+        win["end"] = win["start"] + duration
+        win["stop"] = win["end"] + TIMEOUT_S + 2.0  # silent ranks must be found by then
         cpu["start"], cpu["client_start"] = cpu_seconds(pid), time.process_time()
         cpu["wait_start"] = runqueue_wait_s(pid)
-        await asyncio.sleep(measure_end - loop.time())
+        await asyncio.sleep(duration)
         cpu["end"], cpu["client_end"] = cpu_seconds(pid), time.process_time()
         cpu["wait_end"] = runqueue_wait_s(pid)
 
-    await asyncio.gather(cpu_probe(), *(sender(i) for i in range(sc.senders)))
+    await asyncio.gather(window(), *(sender(i) for i in range(sc.senders)))
     res.duration = duration
     res.cpu_s = cpu["end"] - cpu["start"]
     res.client_cpu_s = cpu["client_end"] - cpu["client_start"]
