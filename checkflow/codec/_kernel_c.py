@@ -7,13 +7,15 @@ one IEEE rounding, exactly like the separate torch ops, and the reconstruction i
 bit-identical to what the torch path decodes (and the other way round).
 """
 
+import re
+
 SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
 #include <math.h>
 
-enum { LINEAR = 1, LOG = 2, RAW = 3 };
+enum { LINEAR = 1, LOG = 2, RAW = 3, LOG16 = 4 };
 
 static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -60,169 +62,6 @@ static void unpack(const uint8_t *in, int64_t n, int bits, uint8_t *q) {
     } else {
         for (int64_t k = 0; k < n; k++) q[k] = (uint8_t)((in[k >> 2] >> ((k & 3) * 2)) & mask);
     }
-}
-
-/* DEFINE_KERNELS(name, T, EXPMASK, SIGN, MAXBITS, TOF, FROMF)
-   T: storage integer type; TOF: bits -> float; FROMF: float -> bits (RNE). */
-#define DEFINE_KERNELS(NAME, T, EXPMASK, SIGN, MAXBITS, TOF, FROMF)                        \
-static int quant_##NAME(const T *x, const T *r, int64_t n, int levels, int log_space,       \
-                        int64_t max_step, T *nr, int32_t *meta, uint8_t *qb, float *d) {\
-    T orx = 0; int finite = 1;                                                              \
-    for (int64_t i = 0; i < n; i++) {                                                       \
-        T a = x[i], b = r[i];                                                               \
-        orx |= (T)(a | b);                                                                  \
-        finite &= ((a & EXPMASK) != EXPMASK) & ((b & EXPMASK) != EXPMASK);                 \
-    }                                                                                       \
-    if (!finite) return RAW;                                                                \
-    if (log_space && !(orx & SIGN)) {                                                       \
-        /* Bits of non-negative finite values fit int32, so d does; the rest is exact       \
-           integer arithmetic carried in doubles (all values < 2^34), which vectorizes. */  \
-        int32_t lo = INT32_MAX, hi = INT32_MIN;                                             \
-        for (int64_t i = 0; i < n; i++) {                                                   \
-            int32_t di = (int32_t)x[i] - (int32_t)r[i];                                     \
-            lo = di < lo ? di : lo; hi = di > hi ? di : hi;                                 \
-        }                                                                                   \
-        int64_t step = ((int64_t)hi - (int64_t)lo + (levels - 1)) / levels;                 \
-        if (max_step >= 0 && step > max_step) return RAW;                                   \
-        double safe = step > 0 ? (double)step : 1.0, half = (double)(step > 0 ? step / 2 : 0);\
-        double dlo = (double)lo, dstep = (double)step;                                      \
-        for (int64_t i = 0; i < n; i++) {                                                   \
-            double rb = (double)(int32_t)r[i];                                              \
-            double q = (double)(int32_t)(((double)(int32_t)x[i] - rb - dlo + half) / safe); \
-            qb[i] = (uint8_t)(int32_t)q;                                                    \
-            double v = rb + (dlo + q * dstep);                                              \
-            v = v < 0.0 ? 0.0 : v;                                                          \
-            v = v > (double)MAXBITS ? (double)MAXBITS : v;                                  \
-            nr[i] = (T)(int32_t)v;                                                          \
-        }                                                                                   \
-        meta[0] = lo; meta[1] = (int32_t)step;                                              \
-        return LOG;                                                                         \
-    }                                                                                       \
-    int32_t klo = INT32_MAX, khi = INT32_MIN;                                               \
-    for (int64_t i = 0; i < n; i++) {                                                       \
-        float di = TOF(x[i]) - TOF(r[i]);                                                   \
-        d[i] = di;                                                                          \
-        int32_t k = sortable(di);                                                           \
-        klo = k < klo ? k : klo; khi = k > khi ? k : khi;                                   \
-    }                                                                                       \
-    float lo = unsortable(klo), hi = unsortable(khi);                                       \
-    float scale = (hi - lo) / (float)levels;                                                \
-    if (!isfinite(lo) || !isfinite(scale)) return RAW;                                      \
-    float inv = 1.0f / (scale > 0.0f ? scale : 1.0f);                                       \
-    if (!isfinite(inv)) return RAW;                                                         \
-    float fl = (float)levels;                                                               \
-    for (int64_t i = 0; i < n; i++) {                                                       \
-        float v = (d[i] - lo) * inv + 0.5f;   /* >= 0.5: lo is the minimum of d */          \
-        v = v > fl ? fl : v;                                                                \
-        qb[i] = (uint8_t)(int32_t)v;                                                        \
-    }                                                                                       \
-    int bad = 0;                                                                            \
-    for (int64_t i = 0; i < n; i++) {                                                       \
-        float t = (float)qb[i] * scale;                                                     \
-        t = lo + t;                                                                         \
-        T v = FROMF(TOF(r[i]) + t);                                                         \
-        nr[i] = v;                                                                          \
-        bad |= (v & EXPMASK) == EXPMASK;                                                    \
-    }                                                                                       \
-    int ok = !bad;                                                                          \
-    if (!ok) return RAW;                                                                    \
-    memcpy(&meta[0], &lo, 4); memcpy(&meta[1], &scale, 4);                                  \
-    return LINEAR;                                                                          \
-}                                                                                           \
-                                                                                            \
-static void dequant_##NAME(const T *r, T *o, int64_t n, int kind, const int32_t *meta,     \
-                           const uint8_t *qb) {                                             \
-    if (kind == LOG) {                                                                      \
-        double dlo = (double)meta[0], dstep = (double)meta[1];                              \
-        for (int64_t i = 0; i < n; i++) {                                                   \
-            double v = (double)(int32_t)r[i] + (dlo + (double)qb[i] * dstep);               \
-            v = v < 0.0 ? 0.0 : v;                                                          \
-            v = v > (double)MAXBITS ? (double)MAXBITS : v;                                  \
-            o[i] = (T)(int32_t)v;                                                           \
-        }                                                                                   \
-        return;                                                                             \
-    }                                                                                       \
-    float lo, scale;                                                                        \
-    memcpy(&lo, &meta[0], 4); memcpy(&scale, &meta[1], 4);                                  \
-    for (int64_t i = 0; i < n; i++) {                                                       \
-        float t = (float)qb[i] * scale;                                                     \
-        t = lo + t;                                                                         \
-        o[i] = FROMF(TOF(r[i]) + t);                                                        \
-    }                                                                                       \
-}                                                                                           \
-                                                                                            \
-int q_encode_##NAME(const T *xv, T *snap, T *recon, int64_t offset, int64_t nrows,          \
-                    int64_t row_stride, int64_t nblocks, int64_t blen, int bits,            \
-                    int log_space, int64_t max_step, uint8_t *changed, uint8_t *kinds,      \
-                    int32_t *meta,                                                          \
-                    uint8_t *codes, int64_t *counts) {                                      \
-    int levels = (1 << bits) - 1;                                                           \
-    int64_t per_block = (blen * bits + 7) / 8;                                              \
-    float *d = malloc(sizeof(float) * (size_t)blen);                                        \
-    T *nr = malloc(sizeof(T) * (size_t)blen);                                               \
-    uint8_t *qb = malloc((size_t)blen);                                                     \
-    if (!d || !nr || !qb) { free(d); free(nr); free(qb); return -1; }                       \
-    int64_t nch = counts[0], nq = counts[1], cb = counts[2];                                \
-    for (int64_t row = 0; row < nrows; row++) {                                             \
-        for (int64_t j = 0; j < nblocks; j++) {                                             \
-            int64_t b = row * nblocks + j;                                                  \
-            int64_t off = offset + row * row_stride + j * blen;                             \
-            const T *xp = xv + off; T *sp = snap + off; T *rp = recon + off;                \
-            if (memcmp(xp, sp, sizeof(T) * (size_t)blen) == 0) { changed[b] = 0; continue; }\
-            changed[b] = 1;                                                                 \
-            int kind = quant_##NAME(xp, rp, blen, levels, log_space, max_step, nr,         \
-                                    meta + 2 * nq,                                          \
-                                    qb, d);                                                 \
-            if (kind == RAW) {                                                              \
-                memcpy(rp, xp, sizeof(T) * (size_t)blen);                                   \
-            } else {                                                                        \
-                memcpy(rp, nr, sizeof(T) * (size_t)blen);                                   \
-                pack(qb, blen, bits, codes + cb);                                           \
-                cb += per_block; nq++;                                                      \
-            }                                                                               \
-            memcpy(sp, xp, sizeof(T) * (size_t)blen);                                       \
-            kinds[nch++] = (uint8_t)kind;                                                   \
-        }                                                                                   \
-    }                                                                                       \
-    counts[0] = nch; counts[1] = nq; counts[2] = cb;                                        \
-    free(d); free(nr); free(qb);                                                            \
-    return 0;                                                                               \
-}                                                                                           \
-                                                                                            \
-/* counts (in/out): [kinds pos, meta pos, code byte pos, raw element pos];                  \
-   limits: [n kinds, n meta, n code bytes, n raw elements]. Returns -2 when short. */       \
-int q_decode_##NAME(const T *src, T *out, int64_t offset, int64_t nrows,                    \
-                    int64_t row_stride, int64_t nblocks, int64_t blen, int bits,            \
-                    const uint8_t *changed,                                                 \
-                    const uint8_t *kinds, const int32_t *meta, const uint8_t *codes,        \
-                    const T *raw, int64_t *counts, const int64_t *limits) {                 \
-    int64_t per_block = (blen * bits + 7) / 8;                                              \
-    uint8_t *qb = malloc((size_t)blen);                                                     \
-    if (!qb) return -1;                                                                     \
-    int64_t kp = counts[0], mp = counts[1], cp = counts[2], rp = counts[3];                 \
-    for (int64_t row = 0; row < nrows; row++) {                                             \
-        for (int64_t j = 0; j < nblocks; j++) {                                             \
-            int64_t off = offset + row * row_stride + j * blen;                             \
-            T *op = out + off; const T *bp = src + off;                                     \
-            if (!changed[row * nblocks + j]) {                                              \
-                memcpy(op, bp, sizeof(T) * (size_t)blen); continue;                         \
-            }                                                                               \
-            if (kp >= limits[0]) { free(qb); return -2; }                                   \
-            int kind = kinds[kp++];                                                         \
-            if (kind == RAW) {                                                              \
-                if (rp + blen > limits[3]) { free(qb); return -2; }                         \
-                memcpy(op, raw + rp, sizeof(T) * (size_t)blen); rp += blen;                 \
-            } else if (kind == LINEAR || kind == LOG) {                                     \
-                if (mp + 1 > limits[1] || cp + per_block > limits[2]) { free(qb); return -2; }\
-                unpack(codes + cp, blen, bits, qb);                                         \
-                dequant_##NAME(bp, op, blen, kind, meta + 2 * mp, qb);                      \
-                mp++; cp += per_block;                                                      \
-            } else { free(qb); return -3; }                                                 \
-        }                                                                                   \
-    }                                                                                       \
-    counts[0] = kp; counts[1] = mp; counts[2] = cp; counts[3] = rp;                         \
-    free(qb);                                                                               \
-    return 0;                                                                               \
 }
 
 /* Exact delta of integers of es bytes: zigzag(new - old), modular, so small moves of a float's
@@ -348,6 +187,218 @@ void unshuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
     }
 }
 
-DEFINE_KERNELS(f32, uint32_t, 0x7f800000u, 0x80000000u, 0x7F7FFFFFu, f32_f32, f32_bits)
-DEFINE_KERNELS(bf16, uint16_t, 0x7F80u, 0x8000u, 0x7F7Fu, bf16_f32, f32_bf16)
 """
+
+_TEMPLATE = r"""
+/* One block of n elements: returns its kind; writes the new reconstruction nr, meta[2], and
+   codes (qb: 8-bit, qw: 16-bit for LOG16). d: scratch of n floats. */
+static int quant_NAME(const T *x, const T *r, int64_t n, int levels, int log_space,
+                      int64_t max_step, T *nr, int32_t *meta, uint8_t *qb, uint16_t *qw,
+                      float *d) {
+    T orx = 0; int finite = 1;
+    for (int64_t i = 0; i < n; i++) {
+        T a = x[i], b = r[i];
+        orx |= (T)(a | b);
+        finite &= ((a & EXPMASK) != EXPMASK) & ((b & EXPMASK) != EXPMASK);
+    }
+    if (!finite) return RAW;
+    if (log_space && !(orx & SIGN)) {
+        /* Bits of non-negative finite values fit int32, so d does; the rest is exact
+           integer arithmetic carried in doubles (all values < 2^34), which vectorizes. */
+        int32_t lo = INT32_MAX, hi = INT32_MIN;
+        for (int64_t i = 0; i < n; i++) {
+            int32_t di = (int32_t)x[i] - (int32_t)r[i];
+            lo = di < lo ? di : lo; hi = di > hi ? di : hi;
+        }
+        int64_t span = (int64_t)hi - (int64_t)lo;
+        int64_t step = (span + (levels - 1)) / levels;
+        int wide = 0;
+        if (max_step >= 0 && step > max_step) {
+            /* Too coarse (e.g. an entry leaving zero): 16-bit codes, else exact. */
+            step = (span + 65534) / 65535;
+            if (step > max_step) return RAW;
+            wide = 1;
+        }
+        double safe = step > 0 ? (double)step : 1.0, half = (double)(step > 0 ? step / 2 : 0);
+        double dlo = (double)lo, dstep = (double)step;
+        for (int64_t i = 0; i < n; i++) {
+            double rb = (double)(int32_t)r[i];
+            double q = (double)(int32_t)(((double)(int32_t)x[i] - rb - dlo + half) / safe);
+            if (wide) qw[i] = (uint16_t)(int32_t)q; else qb[i] = (uint8_t)(int32_t)q;
+            double v = rb + (dlo + q * dstep);
+            v = v < 0.0 ? 0.0 : v;
+            v = v > (double)MAXBITS ? (double)MAXBITS : v;
+            nr[i] = (T)(int32_t)v;
+        }
+        meta[0] = lo; meta[1] = (int32_t)step;
+        return wide ? LOG16 : LOG;
+    }
+    int32_t klo = INT32_MAX, khi = INT32_MIN;
+    for (int64_t i = 0; i < n; i++) {
+        float di = TOF(x[i]) - TOF(r[i]);
+        d[i] = di;
+        int32_t k = sortable(di);
+        klo = k < klo ? k : klo; khi = k > khi ? k : khi;
+    }
+    float lo = unsortable(klo), hi = unsortable(khi);
+    float scale = (hi - lo) / (float)levels;
+    if (!isfinite(lo) || !isfinite(scale)) return RAW;
+    float inv = 1.0f / (scale > 0.0f ? scale : 1.0f);
+    if (!isfinite(inv)) return RAW;
+    float fl = (float)levels;
+    for (int64_t i = 0; i < n; i++) {
+        float v = (d[i] - lo) * inv + 0.5f;   /* >= 0.5: lo is the minimum of d */
+        v = v > fl ? fl : v;
+        qb[i] = (uint8_t)(int32_t)v;
+    }
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float t = (float)qb[i] * scale;
+        t = lo + t;
+        T v = FROMF(TOF(r[i]) + t);
+        nr[i] = v;
+        bad |= (v & EXPMASK) == EXPMASK;
+    }
+    if (bad) return RAW;
+    memcpy(&meta[0], &lo, 4); memcpy(&meta[1], &scale, 4);
+    return LINEAR;
+}
+
+static void dequant_log_NAME(const T *r, T *o, int64_t n, const int32_t *meta,
+                             const uint8_t *qb, const uint16_t *qw) {
+    double dlo = (double)meta[0], dstep = (double)meta[1];
+    for (int64_t i = 0; i < n; i++) {
+        double q = qw ? (double)qw[i] : (double)qb[i];
+        double v = (double)(int32_t)r[i] + (dlo + q * dstep);
+        v = v < 0.0 ? 0.0 : v;
+        v = v > (double)MAXBITS ? (double)MAXBITS : v;
+        o[i] = (T)(int32_t)v;
+    }
+}
+
+static void dequant_linear_NAME(const T *r, T *o, int64_t n, const int32_t *meta,
+                                const uint8_t *qb) {
+    float lo, scale;
+    memcpy(&lo, &meta[0], 4); memcpy(&scale, &meta[1], 4);
+    for (int64_t i = 0; i < n; i++) {
+        float t = (float)qb[i] * scale;
+        t = lo + t;
+        o[i] = FROMF(TOF(r[i]) + t);
+    }
+}
+
+/* Encode one region of blocks; counts (in/out): [changed blocks, quantized blocks, code
+   bytes]. codes must hold 2 * blen bytes per block when max_step >= 0 (LOG16). */
+int q_encode_NAME(const T *xv, T *snap, T *recon, int64_t offset, int64_t nrows,
+                  int64_t row_stride, int64_t nblocks, int64_t blen, int bits,
+                  int log_space, int64_t max_step, uint8_t *changed, uint8_t *kinds,
+                  int32_t *meta, uint8_t *codes, int64_t *counts) {
+    int levels = (1 << bits) - 1;
+    int64_t per_block = (blen * bits + 7) / 8;
+    float *d = malloc(sizeof(float) * (size_t)blen);
+    T *nr = malloc(sizeof(T) * (size_t)blen);
+    uint8_t *qb = malloc((size_t)blen);
+    uint16_t *qw = malloc(sizeof(uint16_t) * (size_t)blen);
+    if (!d || !nr || !qb || !qw) { free(d); free(nr); free(qb); free(qw); return -1; }
+    int64_t nch = counts[0], nq = counts[1], cb = counts[2];
+    for (int64_t row = 0; row < nrows; row++) {
+        for (int64_t j = 0; j < nblocks; j++) {
+            int64_t b = row * nblocks + j;
+            int64_t off = offset + row * row_stride + j * blen;
+            const T *xp = xv + off; T *sp = snap + off; T *rp = recon + off;
+            if (memcmp(xp, sp, sizeof(T) * (size_t)blen) == 0) { changed[b] = 0; continue; }
+            changed[b] = 1;
+            int kind = quant_NAME(xp, rp, blen, levels, log_space, max_step, nr,
+                                  meta + 2 * nq, qb, qw, d);
+            if (kind == RAW) {
+                memcpy(rp, xp, sizeof(T) * (size_t)blen);
+            } else {
+                memcpy(rp, nr, sizeof(T) * (size_t)blen);
+                if (kind == LOG16) {
+                    memcpy(codes + cb, qw, 2 * (size_t)blen);  /* little-endian hosts */
+                    cb += 2 * blen;
+                } else {
+                    pack(qb, blen, bits, codes + cb);
+                    cb += per_block;
+                }
+                nq++;
+            }
+            memcpy(sp, xp, sizeof(T) * (size_t)blen);
+            kinds[nch++] = (uint8_t)kind;
+        }
+    }
+    counts[0] = nch; counts[1] = nq; counts[2] = cb;
+    free(d); free(nr); free(qb); free(qw);
+    return 0;
+}
+
+/* Write into out the base src with a delta applied, one region. counts (in/out): [kinds
+   pos, meta pos, code byte pos, raw element pos]; limits: their sizes. -2: data too short. */
+int q_decode_NAME(const T *src, T *out, int64_t offset, int64_t nrows,
+                  int64_t row_stride, int64_t nblocks, int64_t blen, int bits,
+                  const uint8_t *changed, const uint8_t *kinds, const int32_t *meta,
+                  const uint8_t *codes, const T *raw, int64_t *counts,
+                  const int64_t *limits) {
+    int64_t per_block = (blen * bits + 7) / 8;
+    uint8_t *qb = malloc((size_t)blen);
+    uint16_t *qw = malloc(sizeof(uint16_t) * (size_t)blen);
+    if (!qb || !qw) { free(qb); free(qw); return -1; }
+    int rc = 0;
+    int64_t kp = counts[0], mp = counts[1], cp = counts[2], rp = counts[3];
+    for (int64_t row = 0; row < nrows && rc == 0; row++) {
+        for (int64_t j = 0; j < nblocks; j++) {
+            int64_t off = offset + row * row_stride + j * blen;
+            T *op = out + off; const T *bp = src + off;
+            if (!changed[row * nblocks + j]) {
+                memcpy(op, bp, sizeof(T) * (size_t)blen); continue;
+            }
+            if (kp >= limits[0]) { rc = -2; break; }
+            int kind = kinds[kp++];
+            int64_t nbytes = kind == LOG16 ? 2 * blen : per_block;
+            if (kind == RAW) {
+                if (rp + blen > limits[3]) { rc = -2; break; }
+                memcpy(op, raw + rp, sizeof(T) * (size_t)blen); rp += blen;
+                continue;
+            }
+            if (kind < LINEAR || kind > LOG16) { rc = -3; break; }
+            if (mp + 1 > limits[1] || cp + nbytes > limits[2]) { rc = -2; break; }
+            if (kind == LOG16) {
+                memcpy(qw, codes + cp, 2 * (size_t)blen);
+                dequant_log_NAME(bp, op, blen, meta + 2 * mp, qb, qw);
+            } else {
+                unpack(codes + cp, blen, bits, qb);
+                if (kind == LOG) dequant_log_NAME(bp, op, blen, meta + 2 * mp, qb, NULL);
+                else dequant_linear_NAME(bp, op, blen, meta + 2 * mp, qb);
+            }
+            mp++; cp += nbytes;
+        }
+    }
+    counts[0] = kp; counts[1] = mp; counts[2] = cp; counts[3] = rp;
+    free(qb); free(qw);
+    return rc;
+}
+"""
+
+_TYPES = {
+    # name: (storage type, exponent mask, sign bit, max finite bits, bits->float, float->bits)
+    "f32": ("uint32_t", "0x7f800000u", "0x80000000u", "0x7F7FFFFFu", "f32_f32", "f32_bits"),
+    "bf16": ("uint16_t", "0x7F80u", "0x8000u", "0x7F7Fu", "bf16_f32", "f32_bf16"),
+}
+
+
+def _instantiate(name: str) -> str:
+    storage, expmask, sign, maxbits, tof, fromf = _TYPES[name]
+    text = _TEMPLATE
+    for token, value in (
+        ("NAME", name),
+        ("EXPMASK", expmask),
+        ("SIGN", sign),
+        ("MAXBITS", maxbits),
+        ("TOF", tof),
+        ("FROMF", fromf),
+    ):
+        text = text.replace(token, value)
+    return re.sub(r"\bT\b", storage, text)
+
+
+SOURCE = SOURCE + "".join(_instantiate(name) for name in _TYPES)

@@ -170,7 +170,12 @@ class NativeKernel:
         changed = np.empty(nb, dtype=np.uint8)
         kinds = np.empty(nb, dtype=np.uint8)
         meta = np.empty((nb, 2), dtype=np.int32)
-        code_bytes = sum(r.count * ((r.blen * bits + 7) // 8) for r in layout.regions)
+        # Worst case; pages never written are never touched. LOG16 blocks take 2 bytes a code.
+        wide = log_space and max_step >= 0
+        code_bytes = sum(
+            r.count * max((r.blen * bits + 7) // 8, 2 * r.blen if wide else 0)
+            for r in layout.regions
+        )
         codes = np.empty(code_bytes, dtype=np.uint8)
         counts = np.zeros(3, dtype=np.int64)
         args = (_ptr(flat), _ptr(ref.snap), _ptr(ref.recon))

@@ -24,8 +24,10 @@ import torch
 
 from checkflow.codec.blocks import int_view
 
-LINEAR, LOG, RAW = 1, 2, 3
-"""Kinds of a changed block, stored one byte each."""
+LINEAR, LOG, RAW, LOG16 = 1, 2, 3, 4
+"""Kinds of a changed block, stored one byte each. LOG16: a LOG block with 16-bit codes,
+used when 8 bits would exceed the codec's relative error bound (an entry leaving zero)."""
+LEVELS16 = 65535
 
 MAX_FINITE_BITS = {torch.float32: 0x7F7FFFFF, torch.bfloat16: 0x7F7F, torch.float16: 0x7BFF}
 SUPPORTED = tuple(MAX_FINITE_BITS)
@@ -85,7 +87,8 @@ def _quant_log(
     lo, hi = d.amin(dim=-1), d.amax(dim=-1)
     step = (hi - lo + (levels - 1)) // levels
     safe = torch.where(step > 0, step, torch.ones_like(step))
-    q = ((d - lo[:, None] + safe[:, None] // 2) // safe[:, None]).to(torch.uint8)
+    q = (d - lo[:, None] + safe[:, None] // 2) // safe[:, None]
+    q = q.to(torch.uint8 if levels < 256 else torch.int32)
     lo32, step32 = lo.to(torch.int32), step.to(torch.int32)
     new = dequant_log(r, q, lo32, step32)
     return q, torch.stack([lo32, step32], dim=1), new
@@ -105,14 +108,16 @@ def _log_eligible(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 
 def quantize_blocks(
     x: torch.Tensor, r: torch.Tensor, bits: int, log_space: bool, max_step: int = -1
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Quantize ``k`` changed blocks ``x`` (``(k, n)``) against their reconstruction ``r``.
 
-    A LOG block whose step would exceed ``max_step`` units (when >= 0) is kept RAW.
+    A LOG block whose step would exceed ``max_step`` units (when >= 0) gets 16-bit codes
+    (LOG16), or is kept RAW when even those are too coarse.
 
     Returns:
-        ``(kinds (k,) uint8, meta (k, 2) int32, codes (k, n) uint8, new r (k, n))``; meta and
-        codes rows of RAW blocks are meaningless (they are not stored).
+        ``(kinds (k,) uint8, meta (k, 2) int32, codes (k, n) uint8, new r (k, n), codes16)``
+        where ``codes16`` is ``(k, n)`` int32 for LOG16 rows, or None when there is none.
+        meta and codes rows of other kinds are meaningless (they are not stored).
     """
     levels = (1 << bits) - 1
     k = x.shape[0]
@@ -123,11 +128,12 @@ def quantize_blocks(
         kinds = torch.where(ok, LINEAR, RAW).to(torch.uint8)
         if not bool(ok.all()):
             put(new, ~ok, take(x, ~ok))
-        return kinds, meta, codes, new
+        return kinds, meta, codes, new, None
     kinds = torch.full((k,), RAW, dtype=torch.uint8)
     meta = torch.zeros((k, 2), dtype=torch.int32)
     codes = torch.zeros(x.shape, dtype=torch.uint8)
     new = x.clone()
+    codes16 = None
     for mask, kind in ((~use_log, LINEAR), (use_log, LOG)):
         if not bool(mask.any()):
             continue
@@ -139,13 +145,40 @@ def quantize_blocks(
         else:
             q, m, n = _quant_log(xs, rs, levels)
             ok = m[:, 1] <= max_step if max_step >= 0 else torch.ones_like(idx, dtype=torch.bool)
+            if not bool(ok.all()):
+                codes16 = _wide_log(take(xs, ~ok), take(rs, ~ok), idx[~ok], max_step, x, kinds,
+                                    meta, new)  # fmt: skip
         if not bool(ok.all()):
             idx, q, m, n = idx[ok], q[ok], m[ok], take(n, ok)
         kinds[idx] = kind
         meta[idx] = m
         codes[idx] = q
         put(new, idx, n)
-    return kinds, meta, codes, new
+    return kinds, meta, codes, new, codes16
+
+
+def _wide_log(
+    xs: torch.Tensor,
+    rs: torch.Tensor,
+    idx: torch.Tensor,
+    max_step: int,
+    x: torch.Tensor,
+    kinds: torch.Tensor,
+    meta: torch.Tensor,
+    new: torch.Tensor,
+) -> torch.Tensor | None:
+    """Re-quantize LOG blocks ``idx`` with 16-bit codes; those still too coarse stay RAW."""
+    q, m, n = _quant_log(xs, rs, LEVELS16)
+    ok = m[:, 1] <= max_step
+    if not bool(ok.any()):
+        return None
+    idx = idx[ok]
+    codes16 = torch.zeros(x.shape, dtype=torch.int32)
+    kinds[idx] = LOG16
+    meta[idx] = m[ok]
+    codes16[idx] = q[ok]
+    put(new, idx, take(n, ok))
+    return codes16
 
 
 def dequantize_blocks(
@@ -161,7 +194,7 @@ def dequantize_blocks(
         r: ``(k, n)`` previous reconstruction of the blocks.
         kinds: ``(k,)`` kind of each block.
         meta: ``(kq, 2)`` int32 of the quantized (non-RAW) blocks, in order.
-        codes: ``(kq, n)`` unpacked codes of the quantized blocks.
+        codes: ``(kq, n)`` unpacked codes of the quantized blocks (int32 when LOG16).
         raw: ``(k - kq, n)`` exact values of the RAW blocks.
     """
     out = torch.empty_like(r)
@@ -174,7 +207,7 @@ def dequantize_blocks(
     qkinds = kinds[quant]
     rq = take(r, quant)
     newq = torch.empty_like(rq)
-    for kind in (LINEAR, LOG):
+    for kind in (LINEAR, LOG, LOG16):
         sel = qkinds == kind
         if not bool(sel.any()):
             continue
@@ -227,3 +260,43 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
     out = (packed[..., None] >> shifts) & mask
     return out.reshape(packed.shape[0], packed.shape[1] * per)[:, :n]
+
+
+def pack_stream(
+    kinds: torch.Tensor, codes: torch.Tensor, codes16: torch.Tensor | None, bits: int
+) -> torch.Tensor:
+    """Codes of quantized blocks (rows, in block order) as stored: packed per block, LOG16
+    blocks as little-endian uint16."""
+    narrow = kinds != LOG16
+    packed = pack_codes(codes[narrow] if codes16 is not None else codes, bits)
+    if codes16 is None or bool(narrow.all()):
+        return packed.reshape(-1)
+    n = codes.shape[1]
+    wide = codes16[~narrow].view(torch.uint8).view(-1, n, 4)[..., :2].reshape(-1, 2 * n)
+    sizes = torch.where(narrow, packed.shape[1], 2 * n)
+    starts = torch.cumsum(sizes, 0) - sizes
+    out = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+    out[starts[narrow][:, None] + torch.arange(packed.shape[1])] = packed
+    out[starts[~narrow][:, None] + torch.arange(2 * n)] = wide
+    return out
+
+
+def stream_sizes(kinds: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """Stored code bytes of each quantized block."""
+    return torch.where(kinds == LOG16, 2 * n, (n * bits + 7) // 8)
+
+
+def unpack_stream(data: torch.Tensor, kinds: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack_stream`: ``(kq, n)`` codes, int32 when a LOG16 block is there."""
+    per_block = (n * bits + 7) // 8
+    narrow = kinds != LOG16
+    if bool(narrow.all()):
+        return unpack_codes(data.view(-1, per_block), bits, n)
+    sizes = stream_sizes(kinds, n, bits)
+    starts = torch.cumsum(sizes, 0) - sizes
+    out = torch.empty((len(kinds), n), dtype=torch.int32)
+    packed = data[starts[narrow][:, None] + torch.arange(per_block)]
+    out[narrow] = unpack_codes(packed, bits, n).to(torch.int32)
+    wide = data[starts[~narrow][:, None] + torch.arange(2 * n)].contiguous()
+    out[~narrow] = wide.view(torch.int16).to(torch.int32) & 0xFFFF
+    return out

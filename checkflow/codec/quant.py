@@ -7,16 +7,28 @@ the reconstruction by exactly what a restore will decode. Error therefore never 
 after any number of deltas every element is within half a quantization step of its latest
 true value (LINEAR blocks: ``scale / 2`` plus the rounding to the tensor's dtype; LOG blocks:
 ``step / 2`` units in the last place, a relative bound). Unchanged blocks cost one bit.
+Which blocks to send is decided against the snapshot, not the reconstruction: otherwise every
+block changed once would keep a residual and be re-sent at every checkpoint.
 
-Non-finite values (NaN, +-inf) are stored exactly: their block is kept RAW.
+Blocks whose values (and reconstruction) are all >= 0 are quantized in LOG space (on the
+float's bit pattern, a piecewise-linear log2), detected per block: Adam's ``exp_avg_sq``
+(positive, many decades) gets a relative error and never turns <= 0; a weight block with a
+negative value stays LINEAR. ``log_space=False`` turns this off.
+
+Non-finite values (NaN, +-inf, with their payload bits) are stored exactly: their block is
+kept RAW, as is a block whose delta overflows fp32 or whose reconstruction would overflow the
+dtype. A delta that would not be smaller than the chunk is written as a full exact chunk
+(``delta=False``), which also restarts the chain. float32 and bfloat16 run in the compiled
+kernel; float16 (and any chunk when no C compiler is found) uses torch ops with bit-identical
+results; other dtypes (float64, ...) are always stored exactly.
 
 Stored form of a delta (``params["sections"]`` gives the byte length of each part)::
 
     changed-block bitmap (zstd) | kind per changed block (zstd) | (lo, scale|step) per
-    quantized block, 2 x 4 bytes | codes, packed per block | RAW blocks' exact bytes
+    quantized block, 2 x 4 bytes (fp32 or int32) | codes, packed per block | RAW blocks
 
-``ref`` (opaque to callers) holds two copies of the chunk: the previous snapshot and the
-reconstruction; both are updated in place.
+``ref`` (opaque to callers) holds two copies of the chunk, both updated in place: the
+previous snapshot and the reconstruction (2x the chunk's bytes per chunk and codec).
 """
 
 from __future__ import annotations
@@ -34,10 +46,11 @@ from checkflow.codec._quant_eager import (
     RAW,
     SUPPORTED,
     dequantize_blocks,
-    pack_codes,
+    pack_stream,
     quantize_blocks,
+    stream_sizes,
     take,
-    unpack_codes,
+    unpack_stream,
 )
 from checkflow.codec.base import Buffer, Codec, CodecError, Encoded, tensor_bytes, tensor_from_bytes
 from checkflow.codec.blocks import (
@@ -262,12 +275,16 @@ def _encode_eager(
                 xb, rb, sb = (t[run].view(-1, region.blen) for t in (flat, ref.recon, ref.snap))
             else:
                 xb, rb = xv[ri, ci].view(flat.dtype), rv[ri, ci].view(flat.dtype)
-            kinds, meta, codes, new = quantize_blocks(xb, rb, bits, log_space, max_step)
+            kinds, meta, codes, new, codes16 = quantize_blocks(xb, rb, bits, log_space, max_step)
             quant = kinds != RAW
             every = bool(quant.all())
             kinds_p.append(kinds)
             meta_p.append(meta if every else meta[quant])
-            codes_p.append(pack_codes(codes if every else codes[quant], bits))
+            if every:
+                codes_p.append(pack_stream(kinds, codes, codes16, bits))
+            else:
+                c16 = codes16[quant] if codes16 is not None else None
+                codes_p.append(pack_stream(kinds[quant], codes[quant], c16, bits))
             if not every:
                 raw_p.append(take(xb, ~quant).reshape(-1))
             if run is not None:
@@ -319,18 +336,19 @@ def _decode_eager(
     pos = qpos = cpos = rpos = 0
     for region, rows, cols in region_indices(torch.from_numpy(changed), layout):
         ov = region.view(int_view(out))
-        per_block = (region.blen * bits + 7) // 8
         step = max(1, _BATCH // region.blen)
         for i in range(0, len(rows), step):
             ri, ci = rows[i : i + step], cols[i : i + step]
             k = len(ri)
             kb = kinds[pos : pos + k]
-            kq = int(quant[pos : pos + k].sum())
-            packed = codes_all[cpos : cpos + kq * per_block]
+            qmask = quant[pos : pos + k]
+            kq = int(qmask.sum())
+            nbytes = int(stream_sizes(kb[qmask], region.blen, bits).sum())
+            packed = codes_all[cpos : cpos + nbytes]
             raw = raw_all[rpos : rpos + (k - kq) * region.blen]
-            if packed.numel() != kq * per_block or raw.numel() != (k - kq) * region.blen:
+            if packed.numel() != nbytes or raw.numel() != (k - kq) * region.blen:
                 raise CodecError("quantized delta is shorter than its block map says")
-            codes = unpack_codes(packed.view(kq, per_block), bits, region.blen)
+            codes = unpack_stream(packed, kb[qmask], region.blen, bits)
             run = _run(region, ri, ci)
             ob = out[run].view(-1, region.blen) if run is not None else ov[ri, ci].view(out.dtype)
             new = dequantize_blocks(
@@ -340,7 +358,7 @@ def _decode_eager(
                 ob.copy_(new)
             else:
                 ov[ri, ci] = int_view(new)
-            pos, qpos, cpos, rpos = pos + k, qpos + kq, cpos + kq * per_block, rpos + raw.numel()
+            pos, qpos, cpos, rpos = pos + k, qpos + kq, cpos + nbytes, rpos + raw.numel()
     if cpos != codes_all.numel() or rpos != raw_all.numel() or qpos != nq:
         raise CodecError("quantized delta is longer than its block map says")
 
