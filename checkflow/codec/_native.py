@@ -117,6 +117,34 @@ def load() -> NativeKernel | None:
     return _loaded
 
 
+_HUGE = 1 << 21
+_MADV_HUGEPAGE = 14
+_libc: Any = None
+
+
+def fresh(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An empty buffer backed by huge pages where the OS allows it (Linux THP=madvise).
+
+    A fresh 64 MiB buffer takes 16384 page faults with 4 KiB pages, which cost more than the
+    kernel that fills it; 2 MiB pages take 32 (measured ~3x faster to first-fill).
+    """
+    global _libc
+    t = torch.empty(numel, dtype=dtype)
+    nbytes = numel * t.element_size()
+    if nbytes < 4 * _HUGE:
+        return t
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        start = (t.data_ptr() + _HUGE - 1) & ~(_HUGE - 1)
+        end = (t.data_ptr() + nbytes) & ~(_HUGE - 1)
+        _libc.madvise(start, end - start, _MADV_HUGEPAGE)  # advisory: failure is harmless
+    except (OSError, AttributeError):
+        pass
+    return t
+
+
 def _ptr(t: torch.Tensor | np.ndarray) -> int:
     return t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
 
@@ -145,7 +173,7 @@ class NativeKernel:
 
     def shuffle(self, raw: torch.Tensor, itemsize: int, inverse: bool = False) -> torch.Tensor:
         """Byte-shuffle (or un-shuffle) a flat uint8 tensor of ``itemsize``-byte elements."""
-        out = torch.empty_like(raw)
+        out = fresh(raw.numel(), torch.uint8)
         if raw.numel():
             fn = self._unshuffle if inverse else self._shuffle
             fn(_ptr(raw), _ptr(out), raw.numel() // itemsize, itemsize)
@@ -176,7 +204,7 @@ class NativeKernel:
             r.count * max((r.blen * bits + 7) // 8, 2 * r.blen if wide else 0)
             for r in layout.regions
         )
-        codes = np.empty(code_bytes, dtype=np.uint8)
+        codes = fresh(code_bytes, torch.uint8).numpy()
         counts = np.zeros(3, dtype=np.int64)
         args = (_ptr(flat), _ptr(ref.snap), _ptr(ref.recon))
         raw_parts = []
@@ -206,7 +234,7 @@ class NativeKernel:
         """Changed flags per block and the XOR of the changed blocks; ``prev`` takes ``flat``."""
         es = flat.element_size()
         changed = np.empty(layout.nblocks, dtype=np.uint8)
-        xor = torch.empty(flat.numel() * es, dtype=torch.uint8)
+        xor = fresh(flat.numel() * es, torch.uint8)
         pos = np.zeros(1, dtype=np.int64)
         for r in layout.regions:
             self._d_enc(_ptr(flat), _ptr(prev), es, r.offset, r.nrows, r.row_stride, r.nblocks,

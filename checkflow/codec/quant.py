@@ -214,7 +214,7 @@ class QuantCodec(Codec):
         src = base.reshape(-1).contiguous()
         if kernel is not None:
             # One pass: unchanged blocks are copied, changed ones decoded, from base to out.
-            out = torch.empty_like(src)
+            out = _native.fresh(src.numel(), src.dtype)
             kernel.decode(src, out, layout, bits, changed, kinds, sections[2:])
         else:
             out = src.clone()

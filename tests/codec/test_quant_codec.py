@@ -222,7 +222,7 @@ def test_decode_rejects_missing_base_and_torn_sections():
 
 
 def test_registry_resolves_lossy_incremental_codecs():
-    for name in ("q8", "q4"):
+    for name in ("q8", "q4", "q2"):
         codec = get_codec(name)
         assert codec.incremental and not codec.lossless and codec.name == name
 
