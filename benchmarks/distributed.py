@@ -69,7 +69,7 @@ def _rank_main(cfg: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     from checkflow import Checkpointer
 
@@ -87,13 +87,20 @@ def _rank_main(cfg: dict[str, Any]) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
+    def dcp_state() -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        return {"model": model_sd, "optim": optim_sd}
+
     def train_step() -> None:
         # A forward and backward pass: the window a background snapshot copy overlaps.
         model(torch.ones(4, LAYER)).sum().backward()
 
     async_group = dist.new_group(backend="gloo")
     uri = root / "checkflow"
-    ckpt = Checkpointer(str(uri), {"model": model}, every=10**9, rng=False, keep=1)
+    # The optimizer is part of the state: its step hook is what lets the weight copy run
+    # in the background (the weights cannot change before that step).
+    state = {"model": model, "optim": opt}
+    ckpt = Checkpointer(str(uri), state, every=10**9, rng=False, keep=1)
     ckpt.open()
     for i in range(cfg["repeats"] + 1):  # the first round warms up (allocates buffers)
         # checkflow, as a plain save: until every rank's part is stored and committed.
@@ -118,7 +125,7 @@ def _rank_main(cfg: dict[str, Any]) -> None:
         path = root / f"dcp-{i}"
         dist.barrier()
         t0 = time.perf_counter()
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))
+        dcp.save(dcp_state(), checkpoint_id=str(path))
         dist.barrier()
         dcp_save_s = barrier_max(time.perf_counter() - t0)
 
@@ -126,7 +133,7 @@ def _rank_main(cfg: dict[str, Any]) -> None:
         dist.barrier()
         t0 = time.perf_counter()
         afuture = dcp.async_save(
-            {"model": get_model_state_dict(model)},
+            dcp_state(),
             checkpoint_id=str(apath),
             process_group=async_group,  # DCP's advice: not the training group
         )
@@ -139,15 +146,16 @@ def _rank_main(cfg: dict[str, Any]) -> None:
 
         dist.barrier()
         t0 = time.perf_counter()
-        with Checkpointer(str(uri), {"model": model}, every=10**9, rng=False) as reader:
+        with Checkpointer(str(uri), state, every=10**9, rng=False) as reader:
             reader.restore()
         dist.barrier()
         restore_s = barrier_max(time.perf_counter() - t0)
 
         dist.barrier()
         t0 = time.perf_counter()
-        sd = {"model": get_model_state_dict(model)}
+        sd = dcp_state()
         dcp.load(sd, checkpoint_id=str(path))
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         dist.barrier()
         dcp_restore_s = barrier_max(time.perf_counter() - t0)
         if i:
