@@ -204,6 +204,7 @@ class Checkpointer:
     def _connect(self) -> None:
         from checkflow.client import CoordinatorClient
 
+        assert self.coordinator_url is not None and self.job is not None
         self._client = CoordinatorClient(
             self.coordinator_url,
             self.job,

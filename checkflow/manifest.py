@@ -107,7 +107,7 @@ class RankManifest:
         return _dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, data: bytes | str, *, where: str = "rank manifest") -> RankManifest:
+    def from_json(cls, data: bytes | bytearray | str, *, where: str = "rank manifest") -> RankManifest:
         raw = _loads(data, where)
         _check_version(raw, where)
         try:
@@ -143,7 +143,7 @@ class GlobalManifest:
         return _dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, data: bytes | str, *, where: str = MANIFEST) -> GlobalManifest:
+    def from_json(cls, data: bytes | bytearray | str, *, where: str = MANIFEST) -> GlobalManifest:
         raw = _loads(data, where)
         _check_version(raw, where)
         try:
@@ -156,7 +156,7 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
-def _loads(data: bytes | str, where: str) -> dict[str, Any]:
+def _loads(data: bytes | bytearray | str, where: str) -> dict[str, Any]:
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:

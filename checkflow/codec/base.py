@@ -76,7 +76,8 @@ def tensor_bytes(x: torch.Tensor) -> memoryview:
     flat = x.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    array: Any = flat.view(torch.uint8).numpy()  # numpy arrays export the buffer protocol
+    return memoryview(array).cast("B")
 
 
 def tensor_from_bytes(data: Buffer, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
