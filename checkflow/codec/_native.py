@@ -221,9 +221,9 @@ class NativeKernel:
 
         sections = [
             pack_bitmap(changed.astype(bool)),
-            _zstd(memoryview(kinds[:nch])),
+            _zstd(kinds[:nch].data),
             meta[:nq].tobytes(),
-            memoryview(codes[:cb]),
+            codes[:cb].data,
             b"".join(raw_parts),
         ]
         return sections, nch

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import zstandard
 
-from checkflow.codec.base import CodecError
+from checkflow.codec.base import Buffer, CodecError
 
 INT_VIEW = {4: torch.int32, 2: torch.int16, 1: torch.uint8, 8: torch.int64}
 """Integer dtype with the same width, to compare and XOR raw bits (NaN == NaN, -0 != 0)."""
@@ -117,7 +117,7 @@ def unpack_bitmap(data: bytes | memoryview, nblocks: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=nblocks).astype(bool)
 
 
-def split_sections(data: bytes | memoryview, sizes: list[int]) -> list[memoryview]:
+def split_sections(data: Buffer, sizes: list[int]) -> list[memoryview]:
     """Cut the stored bytes into the sections whose lengths the params recorded."""
     mv = memoryview(data).cast("B")
     if sum(sizes) != mv.nbytes:
