@@ -58,6 +58,7 @@ class Snapshot:
     """perf_counter time when every tensor was on the host."""
     _cpu_done: Future[None] | None = None
     _cuda_events: list[tuple[int, Any]] = field(default_factory=list)
+    _cuda: CudaCopier | None = None
 
     def done(self) -> bool:
         cpu = self._cpu_done is None or self._cpu_done.done()
@@ -78,13 +79,47 @@ class Snapshot:
         CUDA copies are ordered on the device (the current stream waits on the copy's event),
         so the host does not stall for them; a CPU copy in flight is waited for here.
         """
-        for device, event in self._cuda_events:
-            torch.cuda.current_stream(device).wait_event(event)
+        if self._cuda is not None:
+            for device, event in self._cuda_events:
+                self._cuda.order_after(device, event)
         if self._cpu_done is None or self._cpu_done.done():
             return 0.0
         t0 = time.perf_counter()
         self._cpu_done.result()
         return time.perf_counter() - t0
+
+
+class CudaCopier:
+    """Device-to-host copies on one side stream per device, ordered by events.
+
+    Args:
+        cuda: the ``torch.cuda`` module (a stand-in in CPU-only unit tests).
+    """
+
+    def __init__(self, cuda: Any = torch.cuda) -> None:
+        self.cuda = cuda
+        self._streams: dict[int, Any] = {}
+
+    def copy(self, device: int, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """Queue ``dst.copy_(src)`` for every pair; returns the event that marks the end."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = self.cuda.Stream(device=device)
+        # The side stream starts after the work already queued (the optimizer step that
+        # produced these weights), so the copy sees finished weights without a host sync.
+        stream.wait_stream(self.cuda.current_stream(device))
+        with self.cuda.stream(stream):
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
+            event = self.cuda.Event()
+            event.record(stream)
+        return event
+
+    def order_after(self, device: int, event: Any) -> None:
+        """Make work queued next on the device (the optimizer step) wait for ``event``.
+
+        The device waits, not the host: training keeps queueing kernels."""
+        self.cuda.current_stream(device).wait_event(event)
 
 
 class Snapshotter:
@@ -93,7 +128,7 @@ class Snapshotter:
     def __init__(self) -> None:
         self.pool = HostBufferPool()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkflow-copy")
-        self._streams: dict[int, Any] = {}
+        self.cuda = CudaCopier()
         self._lock = threading.Lock()
 
     def take(self, step: int, flat: FlatState, protected: set[int]) -> Snapshot:
@@ -119,26 +154,12 @@ class Snapshotter:
                 dst.copy_(src)
         snap = Snapshot(step=step, tensors=hosts, skeleton=flat.skeleton)
         for device, pairs in by_cuda.items():
-            snap._cuda_events.append((device, self._copy_on_side_stream(device, pairs)))
+            snap._cuda_events.append((device, self.cuda.copy(device, pairs)))
+        if by_cuda:
+            snap._cuda = self.cuda
         if background:
             snap._cpu_done = self._executor.submit(_copy_all, background)
         return snap
-
-    def _copy_on_side_stream(
-        self, device: int, pairs: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> Any:
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device=device)
-        # The side stream starts after the work already queued (the optimizer step that
-        # produced these weights) and the event lets the next step wait on the device only.
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for dst, src in pairs:
-                dst.copy_(src, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        return event
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
