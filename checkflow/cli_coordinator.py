@@ -96,6 +96,8 @@ def serve(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     """Print tables of the coordinator's jobs, or of one job."""
+    if args.url and "://" not in args.url and args.job is None:
+        args.url, args.job = None, args.url  # `checkflow status JOB`: the URL was left out
     url = args.url or os.environ.get("CHECKFLOW_URL") or DEFAULT_URL
     token = args.token or os.environ.get("CHECKFLOW_TOKEN")
     try:
