@@ -8,18 +8,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
+DLRM = ROOT / "examples" / "dlrm.py"
 
 
-def run_train(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
-    """Run the example to completion; returns its stdout."""
+def run_train(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300, script: Path = TRAIN
+) -> str:
+    """Run an example to completion; returns its stdout."""
     proc = subprocess.run(
-        [sys.executable, str(TRAIN), *args],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -33,15 +37,17 @@ def run_until_killed(
     *args: str,
     kill_after_step: int,
     env: dict[str, str] | None = None,
-    timeout: float = 120,
+    timeout: float = 300,
     require_commit: bool = True,
     wait_for: Path | None = None,
+    script: Path = TRAIN,
+    kill_when: Callable[[], bool] | None = None,
 ) -> int:
     """Start the example and SIGKILL it after step ``kill_after_step`` (or the first step
     after it once a checkpoint has committed, with ``require_commit``), once ``wait_for``
-    exists when given. Returns the step it was killed after."""
+    exists when given and ``kill_when()`` holds. Returns the step it was killed after."""
     proc = subprocess.Popen(
-        [sys.executable, str(TRAIN), *args],
+        [sys.executable, str(script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -57,7 +63,7 @@ def run_until_killed(
             committed = committed or line.startswith("committed ")
             if line.startswith("step ") and committed:
                 step = int(line.split()[1])
-                if step >= kill_after_step:
+                if step >= kill_after_step and (kill_when is None or kill_when()):
                     deadline = time.monotonic() + 30
                     while wait_for is not None and not wait_for.exists():
                         assert time.monotonic() < deadline, f"{wait_for} never appeared"
