@@ -81,12 +81,19 @@ class Shard:
     offset: tuple[int, ...]
 
 
+_BOXES: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+
 def dtensor_box(t: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(local shape, global offset) of this rank's shard of DTensor ``t``."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    return tuple(shape), tuple(offset)
+    # Memoized: it runs on the training thread at every checkpoint, for every tensor.
+    key = (tuple(t.shape), t.device_mesh, tuple(t.placements))
+    if key not in _BOXES:
+        shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        _BOXES[key] = (tuple(shape), tuple(offset))
+    return _BOXES[key]
 
 
 def _replica_index(t: Any) -> tuple[int, int]:
@@ -140,6 +147,7 @@ def split_state(flat: FlatState, global_names: set[str]) -> LocalState:
     """
     local = LocalState()
     per_rank: dict[str, torch.Tensor] = {}
+    t: Any
     for fqn, t in flat.tensors.items():
         if _is_dtensor(t):
             shape, offset = dtensor_box(t)
@@ -161,9 +169,9 @@ def _inline(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     if isinstance(skeleton, TensorRef):
         return tensors.get(skeleton.fqn, skeleton)
     if isinstance(skeleton, Mapping):
-        result = type(skeleton)((k, _inline(v, tensors)) for k, v in skeleton.items())
+        result: Any = type(skeleton)((k, _inline(v, tensors)) for k, v in skeleton.items())  # type: ignore[call-arg]
         if hasattr(skeleton, "_metadata"):
-            result._metadata = skeleton._metadata  # type: ignore[attr-defined]
+            result._metadata = skeleton._metadata
         return result
     if isinstance(skeleton, list):
         return [_inline(v, tensors) for v in skeleton]
@@ -243,10 +251,10 @@ class RankSync:
         holdings = local.holdings
         digest = hashlib.sha1(pickle.dumps(sorted(holdings.items()))).hexdigest()[:16]
         if digest not in self._known:
-            self.store.set(f"holdings/{digest}", pickle.dumps(holdings))
+            self.store.set(f"holdings/{digest}", pickle.dumps(holdings))  # type: ignore[arg-type]
             self._known[digest] = holdings
         record = (busy, interval, digest, local.shard_bytes)
-        self.store.set(f"round/{self._round}/{self.rank}", pickle.dumps(record))
+        self.store.set(f"round/{self._round}/{self.rank}", pickle.dumps(record))  # type: ignore[arg-type]
         records = [
             pickle.loads(self.store.get(f"round/{self._round}/{r}")) for r in range(self.world_size)
         ]
@@ -342,6 +350,7 @@ def live_layouts(state: Mapping[str, Any]) -> dict[str, Layout]:
     from checkflow.state import flatten
 
     out: dict[str, Layout] = {}
+    t: Any
     for fqn, t in flatten(state).tensors.items():
         if _is_dtensor(t):
             out[fqn] = Layout(t.device_mesh, tuple(t.placements), tuple(t.shape))
@@ -596,7 +605,8 @@ class ModelState:
         )
 
         opts = self._options()
-        out = {f"model.{k}": v for k, v in get_model_state_dict(self.model, options=opts).items()}
+        model = get_model_state_dict(self.model, options=opts)
+        out: dict[str, Any] = {f"model.{k}": v for k, v in model.items()}
         if self.optimizer is not None:
             optim = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
             out.update({f"optim.{k}": v for k, v in optim.items()})

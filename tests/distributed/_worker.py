@@ -218,6 +218,37 @@ def dcp_load(cfg: dict[str, Any], rank: int, world: int) -> None:
     dump(model, None, cfg.get("out"), rank)
 
 
+def mesh_tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return {"a": torch.randn(7, 10, generator=g), "b": torch.randn(9, generator=g)}
+
+
+def mesh2d(cfg: dict[str, Any], rank: int, world: int) -> None:
+    """Save (or restore) DTensors on a 2-D mesh: ``a`` sharded on both dims, ``b``
+    replicated over the first dim and sharded over the second (tensor parallel style)."""
+    full_tensors = mesh_tensors()
+    module = nn.Module()
+    if world == 1:
+        for name, t in full_tensors.items():
+            module.register_parameter(name, nn.Parameter(torch.zeros_like(t)))
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (2, world // 2))
+        placements = {"a": [Shard(0), Shard(1)], "b": [Replicate(), Shard(0)]}
+        for name, t in full_tensors.items():
+            module.register_parameter(
+                name, nn.Parameter(distribute_tensor(t, mesh, placements[name]))
+            )
+    with Checkpointer(cfg["uri"], {"model": module}, every=1000, rng=False) as ckpt:
+        if cfg.get("save"):
+            ckpt.save().result()
+        else:
+            ckpt.restore()
+    dump(module, None, cfg.get("out"), rank)
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -228,6 +259,7 @@ def main() -> None:
             "restore": restore,
             "pipeline": train_pipeline,
             "dcp_load": dcp_load,
+            "mesh2d": mesh2d,
         }
         scenarios[cfg["scenario"]](cfg, rank, world)
     finally:
