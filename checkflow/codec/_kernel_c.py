@@ -383,7 +383,18 @@ _TYPES = {
     # name: (storage type, exponent mask, sign bit, max finite bits, bits->float, float->bits)
     "f32": ("uint32_t", "0x7f800000u", "0x80000000u", "0x7F7FFFFFu", "f32_f32", "f32_bits"),
     "bf16": ("uint16_t", "0x7F80u", "0x8000u", "0x7F7Fu", "bf16_f32", "f32_bf16"),
+    "f16": ("uint16_t", "0x7C00u", "0x8000u", "0x7BFFu", "f16_f32", "f32_f16"),
 }
+
+_F16 = r"""
+/* IEEE half through the compiler's _Float16 (round to nearest even, like c10::Half). Only
+   built where the compiler has the type; without it float16 chunks use the torch path. */
+#ifdef __FLT16_MAX__
+static inline float f16_f32(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+static inline uint16_t f32_f16(float f) {
+    _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h;
+}
+"""
 
 
 def _instantiate(name: str) -> str:
@@ -401,4 +412,6 @@ def _instantiate(name: str) -> str:
     return re.sub(r"\bT\b", storage, text)
 
 
-SOURCE = SOURCE + "".join(_instantiate(name) for name in _TYPES)
+SOURCE = (
+    SOURCE + _instantiate("f32") + _instantiate("bf16") + _F16 + _instantiate("f16") + "#endif\n"
+)

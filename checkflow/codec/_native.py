@@ -41,7 +41,7 @@ _tried = False
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
-_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def _cache_dir() -> Path:
@@ -155,6 +155,8 @@ class NativeKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._enc, self._dec = {}, {}
         for suffix in _SUFFIX.values():
+            if not hasattr(lib, f"q_encode_{suffix}"):
+                continue  # float16 needs the compiler's _Float16
             enc = getattr(lib, f"q_encode_{suffix}")
             enc.argtypes = [_P, _P, _P, *[_I64] * 5, _INT, _INT, _I64, *[_P] * 5]
             enc.restype = _INT
@@ -179,9 +181,8 @@ class NativeKernel:
             fn(_ptr(raw), _ptr(out), raw.numel() // itemsize, itemsize)
         return out
 
-    @staticmethod
-    def supports(dtype: torch.dtype) -> bool:
-        return dtype in _SUFFIX
+    def supports(self, dtype: torch.dtype) -> bool:
+        return _SUFFIX.get(dtype) in self._enc
 
     def encode(
         self,

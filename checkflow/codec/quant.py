@@ -18,9 +18,9 @@ negative value stays LINEAR. ``log_space=False`` turns this off.
 Non-finite values (NaN, +-inf, with their payload bits) are stored exactly: their block is
 kept RAW, as is a block whose delta overflows fp32 or whose reconstruction would overflow the
 dtype. A delta that would not be smaller than the chunk is written as a full exact chunk
-(``delta=False``), which also restarts the chain. float32 and bfloat16 run in the compiled
-kernel; float16 (and any chunk when no C compiler is found) uses torch ops with bit-identical
-results; other dtypes (float64, ...) are always stored exactly.
+(``delta=False``), which also restarts the chain. float32, bfloat16 and float16 run in the
+compiled kernel (float16 where the compiler has ``_Float16``); without a C compiler the torch
+ops give bit-identical results, slower; other dtypes (float64, ...) are stored exactly.
 
 Stored form of a delta (``params["sections"]`` gives the byte length of each part)::
 
