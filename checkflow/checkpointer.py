@@ -56,6 +56,10 @@ class CheckpointStats:
     """Blocking time per checkpoint: the snapshot start plus waits in the optimizer hook."""
     last_step: int | None = None
     """Newest committed step."""
+    bytes_written: int = 0
+    """Bytes this rank stored, over all checkpoints."""
+    last_bytes: int = 0
+    """Bytes this rank stored for its newest checkpoint."""
 
 
 class Checkpointer:
@@ -428,6 +432,8 @@ class Checkpointer:
         # Runs on the persist thread.
         self.stats.committed += 1
         self.stats.last_step = result.step
+        self.stats.bytes_written += result.nbytes
+        self.stats.last_bytes = result.nbytes
         self._last_persist_s = result.duration_s
         if self._tuner is None and self.stats.stalls_s:
             self._last_cost_s = self.stats.stalls_s[-1]

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 _DEFAULTS = {
     "CHECKFLOW_CHUNK_BYTES": str(64 << 20),
     "CHECKFLOW_TEST_COMMIT_DELAY_S": "0",
+    "CHECKFLOW_PERSIST_NICE": "10",
 }
 
 
@@ -23,6 +24,10 @@ def _get(name: str) -> str:
 
 def chunk_bytes() -> int:
     return int(_get("CHECKFLOW_CHUNK_BYTES"))
+
+
+def persist_nice() -> int:
+    return int(_get("CHECKFLOW_PERSIST_NICE"))
 
 
 def commit_delay_s() -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -192,6 +193,7 @@ class PersistWorker:
 
     # -- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        _lower_priority(knobs.persist_nice())
         while True:
             job = self._queue.get()
             if job is None:
@@ -404,3 +406,14 @@ def write_commit(
     storage.put(f"{folder}/{mf.MANIFEST}", [manifest.to_json()])
     log.info("committed step %d (%s, %d bytes)", step, manifest.kind, manifest.nbytes)
     return manifest
+
+
+def _lower_priority(nice: int) -> None:
+    """Let training threads win the CPU over encoding and writing (Linux: per thread)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except OSError as e:  # not allowed here: persist at normal priority
+        log.debug("could not lower the persist thread's priority: %s", e)
