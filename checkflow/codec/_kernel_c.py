@@ -57,11 +57,21 @@ static void pack(const uint8_t *q, int64_t n, int bits, uint8_t *out) {
 static void unpack(const uint8_t *in, int64_t n, int bits, uint8_t *q) {
     if (bits == 8) { memcpy(q, in, (size_t)n); return; }
     uint8_t mask = (uint8_t)((1 << bits) - 1);
+    int per = 8 / bits;
+    int64_t full = n / per;
+    /* Byte by byte (not code by code) so the loop vectorizes. */
     if (bits == 4) {
-        for (int64_t k = 0; k < n; k++) q[k] = (uint8_t)((in[k >> 1] >> ((k & 1) * 4)) & mask);
+        for (int64_t i = 0; i < full; i++) {
+            q[2 * i] = (uint8_t)(in[i] & 15); q[2 * i + 1] = (uint8_t)(in[i] >> 4);
+        }
     } else {
-        for (int64_t k = 0; k < n; k++) q[k] = (uint8_t)((in[k >> 2] >> ((k & 3) * 2)) & mask);
+        for (int64_t i = 0; i < full; i++) {
+            q[4 * i] = (uint8_t)(in[i] & 3); q[4 * i + 1] = (uint8_t)((in[i] >> 2) & 3);
+            q[4 * i + 2] = (uint8_t)((in[i] >> 4) & 3); q[4 * i + 3] = (uint8_t)(in[i] >> 6);
+        }
     }
+    for (int64_t k = full * per; k < n; k++)
+        q[k] = (uint8_t)((in[full] >> (bits * (k - full * per))) & mask);
 }
 
 /* Exact delta of integers of es bytes: zigzag(new - old), modular, so small moves of a float's

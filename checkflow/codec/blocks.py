@@ -159,3 +159,13 @@ def region_indices(
 
 def itemsize_of(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def shuffle_planes(raw: torch.Tensor, itemsize: int, inverse: bool = False) -> torch.Tensor:
+    """Byte-shuffle a flat uint8 tensor of ``itemsize``-byte elements (byte k of every element
+    together), or undo it. The torch-ops twin of the kernel's ``shuffle``."""
+    if itemsize == 1 or raw.numel() == 0:
+        return raw
+    arr = raw.numpy()
+    planes = arr.reshape(itemsize, -1).T if inverse else arr.reshape(-1, itemsize).T
+    return torch.from_numpy(np.ascontiguousarray(planes).reshape(-1))

@@ -33,10 +33,10 @@ from checkflow.codec.blocks import (
     itemsize_of,
     pack_bitmap,
     region_indices,
+    shuffle_planes,
     split_sections,
     unpack_bitmap,
 )
-from checkflow.codec.zstd import shuffle_bytes, unshuffle_bytes
 
 DEFAULT_BLOCK = 1024
 """Elements per block of a flat chunk or a long row; short rows are one block each."""
@@ -113,10 +113,10 @@ class DeltaCodec(Codec):
         payload = b""
         if xor.numel():
             es = x.element_size()
-            shuffled = (
-                tensor_bytes(kernel.shuffle(xor, es))
+            shuffled = tensor_bytes(
+                kernel.shuffle(xor, es)
                 if kernel is not None and es > 1
-                else shuffle_bytes(xor.view(x.dtype))
+                else shuffle_planes(xor, es)
             )
             payload = zstandard.ZstdCompressor(level=self.level).compress(shuffled)
         if len(bitmap) + len(payload) >= x.numel() * x.element_size():
@@ -160,12 +160,11 @@ class DeltaCodec(Codec):
         if len(raw) != expected:
             raise CodecError(f"delta payload has {len(raw)} bytes, expected {expected}")
         kernel = self._kernel()
+        packed = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         if kernel is not None and itemsize > 1:
-            xor = kernel.shuffle(
-                torch.frombuffer(bytearray(raw), dtype=torch.uint8), itemsize, True
-            )
+            xor = kernel.shuffle(packed, itemsize, True)
         else:
-            xor = unshuffle_bytes(bytearray(raw), itemsize)
+            xor = shuffle_planes(packed, itemsize, inverse=True)
         if kernel is not None:
             kernel.delta_decode(out, layout, changed.numpy().view(np.uint8), xor.numpy())
             return out.reshape(shape)
