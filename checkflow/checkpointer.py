@@ -195,6 +195,10 @@ class Checkpointer:
             self._persist.close()
             self._snapshotter.close()
             if self._client is not None:
+                if raise_errors:
+                    # A normal exit ends training for this rank: the coordinator must not
+                    # take its silence for a failure.
+                    self._client.finish()
                 self._client.close()
 
     def _commit_protocol(self) -> CommitProtocol:
