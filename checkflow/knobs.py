@@ -15,6 +15,7 @@ _DEFAULTS = {
     "CHECKFLOW_CHUNK_BYTES": str(64 << 20),
     "CHECKFLOW_TEST_COMMIT_DELAY_S": "0",
     "CHECKFLOW_PERSIST_NICE": "10",
+    "CHECKFLOW_READ_THREADS": "2",
 }
 
 
@@ -24,6 +25,10 @@ def _get(name: str) -> str:
 
 def chunk_bytes() -> int:
     return int(_get("CHECKFLOW_CHUNK_BYTES"))
+
+
+def read_threads() -> int:
+    return max(1, int(_get("CHECKFLOW_READ_THREADS")))
 
 
 def persist_nice() -> int:

@@ -10,19 +10,23 @@ from __future__ import annotations
 import io
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import xxhash
 
+from checkflow import knobs
 from checkflow import manifest as mf
 from checkflow.catalog import committed_steps
 from checkflow.codec import get_codec
 from checkflow.codec.base import CodecError, dtype_from_name
 from checkflow.state import iter_refs, unflatten
 from checkflow.storage import Storage, StorageError
+from checkflow.types import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +133,7 @@ class CheckpointReader:
     # -- bytes -----------------------------------------------------------------------------
     def _read_checked(
         self, step: int, rank: int, fqn: str, file: str, offset: int, nbytes: int, digest: str
-    ) -> bytearray:
+    ) -> Buffer:
         path = f"{mf.step_dir(step)}/{file}"
         try:
             data = self.storage.read(path, offset, offset + nbytes)
@@ -212,19 +216,38 @@ class CheckpointReader:
                     boxes.setdefault(c.fqn, []).append((rm.rank, c))
         if wanted is not None and (missing := wanted - boxes.keys()):
             raise KeyError(f"step {step} has no tensor {sorted(missing)[0]!r}")
-        return {fqn: self._assemble(step, parts) for fqn, parts in boxes.items()}
+        decoded = self._prefetch(step, [job for parts in boxes.values() for job in parts])
+        return {fqn: self._assemble(step, parts, decoded) for fqn, parts in boxes.items()}
 
-    def _assemble(self, step: int, parts: list[tuple[int, mf.ChunkEntry]]) -> torch.Tensor:
+    def _prefetch(self, step: int, jobs: list[tuple[int, mf.ChunkEntry]]) -> Iterator[torch.Tensor]:
+        """Decoded chunks in ``jobs`` order; a few are read ahead on threads so that reads,
+        checksums and decoding overlap (file reads and hashing release the GIL)."""
+        threads = knobs.read_threads()
+        if threads <= 1 or len(jobs) <= 1:
+            yield from (self.chunk(step, rank, c) for rank, c in jobs)
+            return
+        with ThreadPoolExecutor(threads, thread_name_prefix="checkflow-read") as pool:
+            ahead: deque[Future[torch.Tensor]] = deque()
+            for rank, c in jobs:
+                ahead.append(pool.submit(self.chunk, step, rank, c))
+                if len(ahead) > threads:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
+
+    def _assemble(
+        self, step: int, parts: list[tuple[int, mf.ChunkEntry]], decoded: Iterator[torch.Tensor]
+    ) -> torch.Tensor:
         first = parts[0][1]
         if len(parts) == 1 and first.shape == first.global_shape:
-            return self.chunk(step, parts[0][0], first)
+            return next(decoded)
         out = torch.empty(first.global_shape, dtype=dtype_from_name(first.dtype))
         covered = 0
-        for rank, c in parts:
+        for _rank, c in parts:
             region = out
             for dim, (o, n) in enumerate(zip(c.offset, c.shape, strict=True)):
                 region = region.narrow(dim, o, n)
-            region.copy_(self.chunk(step, rank, c))
+            region.copy_(next(decoded))
             covered += math.prod(c.shape)
         if covered < out.numel():
             raise CorruptCheckpointError(

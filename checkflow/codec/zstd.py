@@ -30,7 +30,8 @@ def shuffle_bytes(x: torch.Tensor) -> memoryview:
     if size == 1 or raw.nbytes == 0:
         return raw
     grouped = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
-    return memoryview(np.ascontiguousarray(grouped.T)).cast("B")
+    shuffled: Any = np.ascontiguousarray(grouped.T)  # numpy exports the buffer protocol
+    return memoryview(shuffled).cast("B")
 
 
 def unshuffle_bytes(data: Buffer, itemsize: int) -> memoryview:
@@ -39,7 +40,8 @@ def unshuffle_bytes(data: Buffer, itemsize: int) -> memoryview:
         return memoryview(flat).cast("B")
     out = np.empty((flat.size // itemsize, itemsize), dtype=np.uint8)
     out[:] = flat.reshape(itemsize, -1).T
-    return memoryview(out).cast("B")
+    result: Any = out
+    return memoryview(result).cast("B")
 
 
 class ZstdCodec(Codec):
