@@ -35,7 +35,7 @@ def shuffle_bytes(x: torch.Tensor) -> memoryview:
 
 
 def unshuffle_bytes(data: Buffer, itemsize: int) -> memoryview:
-    flat = np.frombuffer(data, dtype=np.uint8)
+    flat: Any = np.frombuffer(data, dtype=np.uint8)
     if itemsize == 1 or flat.size == 0:
         return memoryview(flat).cast("B")
     out = np.empty((flat.size // itemsize, itemsize), dtype=np.uint8)
