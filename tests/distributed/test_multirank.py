@@ -26,9 +26,22 @@ def _records(outputs: list[str]) -> list[dict]:
     return merged
 
 
+def _assert_written_once_and_balanced(step_folder: Path) -> None:
+    ranks = [
+        RankManifest.from_json((step_folder / f"rank-0000{r}.json").read_bytes()) for r in (0, 1)
+    ]
+    names = [{c.fqn for c in rm.chunks} for rm in ranks]
+    assert not names[0] & names[1], "a replicated tensor was written by both ranks"
+    assert len(names[0] | names[1]) == 6 + 6 * 3  # 6 params + Adam's 3 states each
+    tensor_bytes = [sum(c.nbytes for c in rm.chunks) for rm in ranks]
+    assert max(tensor_bytes) <= 1.25 * min(tensor_bytes), tensor_bytes
+
+
 def _kill_resume_matches_uninterrupted(tmp_path: Path, kind: str, kill_env: dict) -> None:
     base = {"scenario": "train", "kind": kind, "steps": 8, "every": 2, "wait": True}
     run_ranks(2, {**base, "uri": str(tmp_path / "ref"), "out": str(tmp_path / "ref.pt")})
+    if kind == "ddp":
+        _assert_written_once_and_balanced(tmp_path / "ref" / step_dir(8))
 
     uri = str(tmp_path / "run")
     killed = {**base, "uri": uri, "kill": {"rank": 1, "after_step": 6, "delay": 0.3}}
@@ -42,23 +55,11 @@ def _kill_resume_matches_uninterrupted(tmp_path: Path, kind: str, kill_env: dict
 
 
 def test_ddp_rank_killed_mid_persist_leaves_step_invisible_and_resume_is_bitwise(tmp_path):
-    # The commit delay holds both ranks between their rank manifest and the commit; rank 1
-    # is SIGKILLed inside that window, so step 6 must never commit and step 4 is restored.
+    # Replicated tensors are written once, split by bytes between the ranks (checked on
+    # the uninterrupted run). The commit delay holds both ranks between their rank
+    # manifest and the commit; rank 1 is SIGKILLed inside that window, so step 6 must
+    # never commit and step 4 is restored on every rank.
     _kill_resume_matches_uninterrupted(tmp_path, "ddp", {"CHECKFLOW_TEST_COMMIT_DELAY_S": "1.5"})
-
-
-def test_ddp_replicated_tensors_are_written_once_with_balanced_bytes(tmp_path):
-    uri = tmp_path / "run"
-    run_ranks(2, {"scenario": "train", "kind": "ddp", "steps": 2, "every": 2, "uri": str(uri)})
-    ranks = [
-        RankManifest.from_json((uri / step_dir(2) / f"rank-0000{r}.json").read_bytes())
-        for r in range(2)
-    ]
-    names = [{c.fqn for c in rm.chunks} for rm in ranks]
-    assert not names[0] & names[1], "a replicated tensor was written by both ranks"
-    assert len(names[0] | names[1]) == 6 + 6 * 3  # 6 params + Adam's 3 states each
-    tensor_bytes = [sum(c.nbytes for c in rm.chunks) for rm in ranks]
-    assert max(tensor_bytes) <= 1.25 * min(tensor_bytes), tensor_bytes
 
 
 def test_fsdp2_sigkill_resume_is_bitwise_equal_to_uninterrupted(tmp_path):
