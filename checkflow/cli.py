@@ -129,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_ls)
 
+    p = sub.add_parser("import-dcp", help="commit a PyTorch Distributed Checkpoint folder into URI")
+    p.add_argument("dcp_dir", metavar="DCP_DIR", help="folder written by dcp.save")
+    for action in _uri_parent(required=True)._actions:
+        p._add_action(action)  # URI and --storage-option, after DCP_DIR
+    p.add_argument("--step", type=int, default=0, help="the step to commit it as (default 0)")
+    p.set_defaults(func=cmd_import_dcp)
+
     p = sub.add_parser("inspect", parents=[uri], help="tensors and objects of one checkpoint")
     p.add_argument("--step", type=int, help="the step (default: the newest committed)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -199,7 +206,12 @@ def _add_restore_parser(sub: Any, progress: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--step", type=int, help="the step (default: the newest committed)")
     p.add_argument("--out", metavar="PATH", help="the file to write")
-    p.add_argument("--format", choices=("torch", "safetensors"), default="torch")
+    p.add_argument(
+        "--format",
+        choices=("torch", "safetensors", "dcp"),
+        default="torch",
+        help="torch/safetensors: one file; dcp: a PyTorch Distributed Checkpoint folder",
+    )
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--coordinator", metavar="URL", help="roll the job back through it")
     p.add_argument("--job", help="the job's name on the coordinator")
@@ -572,6 +584,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if not args.out:
         raise CliError(f"restore needs --out PATH, e.g. 'checkflow restore {args.uri} --out m.pt'")
     out = os.path.abspath(args.out)
+    if args.format == "dcp":
+        return _restore_dcp(args, out)
     _check_out(out, args.force)
     from checkflow.restore import CheckpointReader, resolve_step
 
@@ -590,6 +604,40 @@ def cmd_restore(args: argparse.Namespace) -> int:
         f"restored step {step} from {args.uri} to {out} "
         f"({args.format}, {human_bytes(os.path.getsize(out))})"
     )
+    return EXIT_OK
+
+
+def _restore_dcp(args: argparse.Namespace, out: str) -> int:
+    """``--format dcp``: a folder that ``torch.distributed.checkpoint.load`` reads."""
+    if os.path.isfile(out):
+        raise CliError(f"--out {out} is a file; --format dcp writes a folder")
+    if os.path.isdir(out) and os.listdir(out) and not args.force:
+        raise CliError(f"{out} is not empty; choose another --out or pass --force")
+    if not os.path.isdir(os.path.dirname(out)):
+        raise CliError(f"the folder of --out {out} does not exist; create it first")
+    from checkflow.interop import export_dcp
+    from checkflow.restore import resolve_step
+
+    step = resolve_step(open_root(args), args.step)
+    options = parse_storage_options(args.storage_options)
+    written = export_dcp(args.uri, step, out, storage_options=options)
+    print(f"restored step {written} from {args.uri} to {out} (dcp)")
+    return EXIT_OK
+
+
+def cmd_import_dcp(args: argparse.Namespace) -> int:
+    """Commit a PyTorch Distributed Checkpoint folder as a checkflow checkpoint."""
+    if not os.path.isfile(os.path.join(args.dcp_dir, ".metadata")):
+        raise CliError(f"{args.dcp_dir} is not a DCP checkpoint (no .metadata file in it)")
+    from checkflow.catalog import scan
+    from checkflow.interop import import_dcp
+    from checkflow.storage import Storage
+
+    options = parse_storage_options(args.storage_options)
+    if args.step in scan(Storage(args.uri, storage_options=options)).folders:
+        raise CliError(f"{args.uri} already has a step {args.step}; pick another --step")
+    step = import_dcp(args.dcp_dir, args.uri, step=args.step, storage_options=options)
+    print(f"imported {args.dcp_dir} into {args.uri} as step {step}")
     return EXIT_OK
 
 

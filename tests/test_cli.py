@@ -220,6 +220,33 @@ def test_restore_torch_writes_a_file_torch_load_reads_back_equal(
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temp file left
 
 
+def test_restore_dcp_then_import_dcp_round_trips_the_model(
+    saved: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    root, final = saved
+    out = tmp_path / "dcp"
+    res = run_cli("restore", str(root), "--format", "dcp", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert (out / ".metadata").is_file()
+    # A program that only knows DCP reads it into its own state dict.
+    model = {k: torch.zeros_like(v) for k, v in final["model"].items()}
+    dcp.load({"model": model}, storage_reader=dcp.FileSystemReader(str(out)))
+    for k, v in final["model"].items():
+        assert torch.equal(model[k], v)
+    again = run_cli("restore", str(root), "--format", "dcp", "--out", str(out))
+    assert again.returncode == 2 and "not empty" in again.stderr
+
+    back = tmp_path / "back"
+    res = run_cli("import-dcp", str(out), str(back), "--step", "5")
+    assert res.returncode == 0, res.stderr
+    loaded = load(str(back))
+    for k, v in final["model"].items():
+        assert torch.equal(loaded["model"][k], v)
+    assert run_cli("import-dcp", str(tmp_path), str(back)).returncode == 2  # no .metadata
+
+
 def test_restore_safetensors_is_flat_and_equal_with_step_metadata(
     saved: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
