@@ -15,12 +15,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import dlrm  # noqa: E402
 
 pytestmark = pytest.mark.slow
-STEPS = "60"
 
 
 def test_delta_chain_killed_and_resumed_from_its_last_delta_is_bitwise_equal(tmp_path):
     ref_dir, ckpt = tmp_path / "ref", tmp_path / "ckpt"
-    common = ["--steps", STEPS, "--every", "5", "--codec", "delta", "--full-every", "100"]
+    # Long enough that the run is still going when its newest checkpoint is a delta; the
+    # parent kills it then, so the run is far from its end on any machine.
+    common = ["--steps", "300", "--every", "5", "--codec", "delta", "--full-every", "100"]
     run_train("--dir", str(ref_dir), *common, "--out", str(tmp_path / "ref.pt"), script=DLRM)
 
     def newest_is_delta() -> bool:
