@@ -107,7 +107,9 @@ class RankManifest:
         return _dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, data: bytes | bytearray | str, *, where: str = "rank manifest") -> RankManifest:
+    def from_json(
+        cls, data: bytes | bytearray | str, *, where: str = "rank manifest"
+    ) -> RankManifest:
         raw = _loads(data, where)
         _check_version(raw, where)
         try:

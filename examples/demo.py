@@ -41,7 +41,6 @@ def free_port() -> int:
 def start_coordinator(db: Path) -> tuple[str, Any]:
     """A real uvicorn server in a thread of this process."""
     import uvicorn
-
     from checkflow_server.app import create_app
     from checkflow_server.settings import Settings
 
