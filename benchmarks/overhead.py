@@ -111,7 +111,8 @@ class Strategy:
         pass
 
     def restore_once(self) -> None:
-        raise NotImplementedError
+        # Only strategies with restorable=True are asked to restore.
+        raise RuntimeError(f"{type(self).__name__} does not restore")
 
     def close(self) -> None:
         pass
