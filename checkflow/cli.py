@@ -727,6 +727,8 @@ def write_atomic(out: str, write: Callable[[str], None], *, force: bool) -> None
     Without ``force`` an ``out`` that appeared meanwhile is not replaced (hard link = an
     atomic create-if-absent); a reader never sees a partial file either way.
     """
+    from checkflow.storage import fsync_dir
+
     folder, name = os.path.split(out)
     tmp = os.path.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
     try:
@@ -737,7 +739,7 @@ def write_atomic(out: str, write: Callable[[str], None], *, force: bool) -> None
             os.replace(tmp, out)
         else:
             _link_no_clobber(tmp, out)
-        _fsync_dir(folder)
+        fsync_dir(folder)
     finally:
         if os.path.lexists(tmp):
             os.remove(tmp)
@@ -753,19 +755,6 @@ def _link_no_clobber(tmp: str, out: str) -> None:
         if os.path.lexists(out):
             raise CliError(f"{out} already exists; pass --force to replace it") from None
         os.replace(tmp, out)
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # -- gc --------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ class Storage:
         except BaseException:
             _remove_quietly(tmp)
             raise
-        _fsync_dir(folder)
+        fsync_dir(folder)
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, relpath: str, start: int = 0, end: int | None = None) -> bytearray:
@@ -295,7 +295,8 @@ def _byte_view(part: Buffer, index: int) -> memoryview:
         raise ValueError(f"part {index} is not a contiguous buffer: {e}") from e
 
 
-def _fsync_dir(folder: str) -> None:
+def fsync_dir(folder: str) -> None:
+    """Make a rename in ``folder`` durable (best effort: not every OS can open a folder)."""
     # The rename is durable only once the folder entry is; not every OS lets us open one.
     try:
         fd = os.open(folder, os.O_RDONLY)

@@ -69,6 +69,21 @@ class Codec(ABC):
         """Decode stored bytes to a tensor of ``dtype`` and ``shape`` (it may alias ``data``)."""
 
 
+def delta_base(
+    name: str, base: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """The base a delta chunk applies to, checked against the chunk's dtype and shape.
+
+    Raises:
+        CodecError: the base is missing or does not match.
+    """
+    if base is None:
+        raise CodecError(f"{name} delta chunk needs its base checkpoint to decode")
+    if tuple(base.shape) != tuple(shape) or base.dtype != dtype:
+        raise CodecError(f"base is {tuple(base.shape)} {base.dtype}, chunk is {shape} {dtype}")
+    return base
+
+
 def tensor_bytes(x: torch.Tensor) -> memoryview:
     """Zero-copy byte view of a contiguous CPU tensor."""
     if not x.is_contiguous():

@@ -24,7 +24,15 @@ import torch
 import zstandard
 
 from checkflow.codec import _native
-from checkflow.codec.base import Buffer, Codec, CodecError, Encoded, tensor_bytes, tensor_from_bytes
+from checkflow.codec.base import (
+    Buffer,
+    Codec,
+    CodecError,
+    Encoded,
+    delta_base,
+    tensor_bytes,
+    tensor_from_bytes,
+)
 from checkflow.codec.blocks import (
     Layout,
     block_layout,
@@ -140,10 +148,7 @@ class DeltaCodec(Codec):
     ) -> torch.Tensor:
         if params.get("full"):
             return tensor_from_bytes(data, dtype, shape)
-        if base is None:
-            raise CodecError("delta chunk needs the previous checkpoint (base) to decode")
-        if tuple(base.shape) != tuple(shape) or base.dtype != dtype:
-            raise CodecError(f"base is {tuple(base.shape)} {base.dtype}, chunk is {shape} {dtype}")
+        base = delta_base(self.name, base, dtype, shape)
         layout = block_layout(tuple(shape), int(params["block"]))
         bitmap, payload = split_sections(data, [int(s) for s in params["sections"]])
         changed = torch.from_numpy(unpack_bitmap(bitmap, layout.nblocks))

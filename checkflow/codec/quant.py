@@ -52,7 +52,15 @@ from checkflow.codec._quant_eager import (
     take,
     unpack_stream,
 )
-from checkflow.codec.base import Buffer, Codec, CodecError, Encoded, tensor_bytes, tensor_from_bytes
+from checkflow.codec.base import (
+    Buffer,
+    Codec,
+    CodecError,
+    Encoded,
+    delta_base,
+    tensor_bytes,
+    tensor_from_bytes,
+)
 from checkflow.codec.blocks import (
     Layout,
     Region,
@@ -199,10 +207,7 @@ class QuantCodec(Codec):
     ) -> torch.Tensor:
         if params.get("full"):
             return tensor_from_bytes(data, dtype, shape)
-        if base is None:
-            raise CodecError(f"{self.name} delta chunk needs its base checkpoint to decode")
-        if tuple(base.shape) != tuple(shape) or base.dtype != dtype:
-            raise CodecError(f"base is {tuple(base.shape)} {base.dtype}, chunk is {shape} {dtype}")
+        base = delta_base(self.name, base, dtype, shape)
         bits = int(params["bits"])
         if bits not in (2, 4, 8):
             raise CodecError(f"unsupported code width {bits}")
