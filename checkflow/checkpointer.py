@@ -8,7 +8,6 @@ snapshot and persist threads.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import warnings
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from checkflow.persist import (
 )
 from checkflow.policy import FrequencyTuner
 from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
-from checkflow.snapshot import Snapshot, Snapshotter, protected_pointers
+from checkflow.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
 from checkflow.state import check_state, flatten, load_into
 from checkflow.storage import Storage
 
@@ -38,16 +37,24 @@ log = logging.getLogger(__name__)
 META_KEY = "__checkflow__"
 """Skeleton entry holding checkflow's own state (the step counter)."""
 
+WHEN_BUSY = ("wait", "skip")
+"""What a due checkpoint does when both host buffer sets are still being persisted."""
+
 
 @dataclass(slots=True)
 class CheckpointStats:
-    """What the checkpointer did; read it to see skips, stalls and the interval."""
+    """What the checkpointer did; read it to see waits, stalls and the interval."""
 
-    snapshots: int = 0
-    """Snapshots started."""
+    due: int = 0
+    """Checkpoints that fell due (by ``every``, the policy, or ``save()``)."""
+    taken: int = 0
+    """Snapshots started: equal to ``due`` unless ``when_busy="skip"``."""
+    waits: int = 0
+    """Due checkpoints that found both buffer sets busy, so training waited for a persist."""
+    waited_s: float = 0.0
+    """Total time training waited for a buffer set (storage slower than the interval)."""
     skipped: int = 0
-    """Checkpoints that were due while the previous persist was still running (skipped,
-    so training never waits); the next due step tries again."""
+    """Due checkpoints not taken (only with ``when_busy="skip"``)."""
     committed: int = 0
     failed: int = 0
     interval: int | None = None
@@ -80,6 +87,10 @@ class Checkpointer:
         process_group: the job's process group (default: the default group when
             ``torch.distributed`` is initialized).
         full_every: with incremental codecs, a full checkpoint at least every N deltas.
+        when_busy: a due checkpoint whose host buffers are all still being persisted
+            ``"wait"``s for one (the default: every due checkpoint is taken; the wait is
+            counted in ``stats.waits``/``stats.waited_s``) or, as an explicit opt-in,
+            ``"skip"``s (the next due step tries again).
         storage_options: passed to fsspec (credentials, endpoint).
         token: bearer token for the coordinator.
 
@@ -101,6 +112,7 @@ class Checkpointer:
         job: str | None = None,
         process_group: Any = None,
         full_every: int = 10,
+        when_busy: str = "wait",
         storage_options: dict[str, Any] | None = None,
         token: str | None = None,
     ) -> None:
@@ -112,6 +124,8 @@ class Checkpointer:
             raise ValueError(f"keep must be >= 0 (0 keeps every checkpoint), got {keep!r}")
         if full_every < 1:
             raise ValueError(f"full_every must be >= 1, got {full_every}")
+        if when_busy not in WHEN_BUSY:
+            raise ValueError(f"when_busy must be one of {WHEN_BUSY}, got {when_busy!r}")
         if coordinator is not None and not job:
             raise ValueError("coordinator= needs job= (the job's name on the coordinator)")
         check_state(state)
@@ -121,6 +135,7 @@ class Checkpointer:
         self.keep = keep
         self.rng = rng
         self.full_every = full_every
+        self.when_busy = when_busy
         self.codecs = CodecRules(codec)
         self.storage = Storage(uri, storage_options=storage_options)
         self.group = distributed.resolve_group(process_group)
@@ -142,10 +157,10 @@ class Checkpointer:
         self._hooks: list[Any] = []
         self._current: Snapshot | None = None
         self._pending: list[Future[int]] = []
+        self._last_future: Future[int] | None = None
         self._measure: _CheckpointCost | None = None
         self._last_cost_s: float | None = None
         self._last_persist_s: float | None = None
-        self._lock = threading.Lock()
         self._sync: distributed.RankSync | None = None
         self._global_names = distributed.global_state_names(self.state)
 
@@ -162,7 +177,7 @@ class Checkpointer:
         if self._opened:
             return
         self._opened = True
-        self._snapshotter = Snapshotter()
+        self._snapshotter = Snapshotter(buffer_sets=2)
         if self.world_size > 1:
             self._sync = distributed.RankSync(self.group, self.storage.uri)
         self._persist = PersistWorker(
@@ -174,6 +189,7 @@ class Checkpointer:
             keep=self.keep,
             full_every=self.full_every,
             on_persisted=self._on_persisted,
+            on_done=self._snapshotter.release,
         )
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
@@ -293,9 +309,15 @@ class Checkpointer:
         return future
 
     def save(self) -> Future[int]:
-        """Checkpoint the current step now (waits for a persist still in flight first)."""
+        """Checkpoint the current step now; returns its future.
+
+        Waits for a free host buffer set when two persists are in flight. Calling it at a
+        step that was already checkpointed returns that checkpoint's future.
+        """
         if not self._opened:
             self.open()
+        if self._last_future is not None and self._last_checkpoint_step == self._step:
+            return self._last_future
         future = self._checkpoint(force=True)
         assert future is not None
         return future
@@ -340,52 +362,81 @@ class Checkpointer:
 
     def _checkpoint(self, *, force: bool) -> Future[int] | None:
         assert self._persist is not None and self._snapshotter is not None
-        # With several ranks, prepare_snapshot tells every rank whether one is busy: they
-        # skip together, or one rank's part would be missing and the step never commit.
-        if self._persist.busy and (force or self._sync is None):
-            if not force:
-                # Host buffers are still being written out: reusing them now would corrupt
-                # that checkpoint, and waiting would stall training. Skip; try again later.
-                self.stats.skipped += 1
-                n = self.stats.skipped
-                log.log(
-                    logging.WARNING if n & (n - 1) == 0 else logging.DEBUG,  # 1, 2, 4, 8...
-                    "checkpoint at step %d skipped: the previous persist is still running "
-                    "(%d skipped so far)",
-                    self._step,
-                    self.stats.skipped,
-                )
-                return None
-            self.wait()
-            while self._persist.busy:
-                time.sleep(0.001)
+        self.stats.due += 1
         t0 = time.perf_counter()
+        skip = self.when_busy == "skip" and not force
+        pool = None
+        if not skip:
+            pool = self._buffer_set()
+        # With several ranks, prepare_snapshot tells every rank whether one has no free
+        # buffer set (only possible with when_busy="skip"): they skip together, or one
+        # rank's part would be missing and the step never commit.
+        busy = skip and not self._snapshotter.buffers.has_free()
+        if busy and self._sync is None:
+            self._count_skip("the previous persists are still running")
+            return None
         flat = flatten(self.state, rng=self.rng)
         flat.skeleton[META_KEY] = {"step": self._step}
         shards = distributed.prepare_snapshot(
             flat,
             self._global_names,
             self._sync,
-            busy=self._persist.busy,
+            busy=busy,
             interval=self._tuner.interval if self._tuner is not None else None,
             rank=self.rank,
         )
         if shards is None:
-            self.stats.skipped += 1
-            log.warning("checkpoint at step %d skipped: a rank is still persisting", self._step)
+            self._count_skip("a rank is still persisting")
             return None
+        if pool is None:
+            pool = self._buffer_set()
         protected = protected_pointers(self._optimizers)
         protected |= distributed.local_pointers(self._optimizers)
-        snap = self._snapshotter.take(self._step, flat, protected)
+        snap = self._snapshotter.take(self._step, flat, protected, pool)
         self._current = snap
         future = self._persist.submit(snap, shards=shards)
         self._pending = [f for f in self._pending if not f.done()] + [future]
+        self._last_future = future
         self._last_checkpoint_step = self._step
-        self.stats.snapshots += 1
+        self.stats.taken += 1
         stall = time.perf_counter() - t0
         self.stats.stalls_s.append(stall)
         self._measure = _CheckpointCost(step=self._step, stall_s=stall)
         return future
+
+    def _buffer_set(self) -> HostBufferPool:
+        """A free host buffer set; waits (counted as a stall) while both are persisting."""
+        assert self._snapshotter is not None
+        buffers = self._snapshotter.buffers
+        pool = buffers.try_acquire()
+        if pool is not None:
+            return pool
+        pool, waited = buffers.acquire()
+        self.stats.waits += 1
+        self.stats.waited_s += waited
+        n = self.stats.waits
+        log.log(
+            logging.WARNING if n & (n - 1) == 0 else logging.DEBUG,  # 1, 2, 4, 8...
+            "checkpoint at step %d waited %.3fs for the previous persists: storage is slower "
+            "than the checkpoint interval (%d waits, %.1fs in all); a larger `every` or "
+            'every="auto" avoids this',
+            self._step,
+            waited,
+            n,
+            self.stats.waited_s,
+        )
+        return pool
+
+    def _count_skip(self, reason: str) -> None:
+        self.stats.skipped += 1
+        n = self.stats.skipped
+        log.log(
+            logging.WARNING if n & (n - 1) == 0 else logging.DEBUG,  # 1, 2, 4, 8...
+            "checkpoint at step %d skipped (when_busy='skip'): %s (%d skipped so far)",
+            self._step,
+            reason,
+            n,
+        )
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         snap = self._current

@@ -120,7 +120,8 @@ def _commit_state(
 
     flat = flatten({name: _Holder(sd) for name, sd in state.items()})
     flat.skeleton[_META_KEY] = {"step": step}
-    snapshotter = Snapshotter()
+    snapshotter = Snapshotter(buffer_sets=1)
+    pool, _ = snapshotter.buffers.acquire()
     worker = PersistWorker(
         Storage(uri, storage_options=storage_options),
         codecs=CodecRules("exact"),
@@ -128,7 +129,7 @@ def _commit_state(
         keep=0,
     )
     try:
-        worker.submit(snapshotter.take(step, flat, set())).result()
+        worker.submit(snapshotter.take(step, flat, set(), pool)).result()
     finally:
         worker.close()
         snapshotter.close()

@@ -160,7 +160,8 @@ class PersistWorker:
         self.meta = meta
         self.stats = PersistStats()
         self._queue: queue.Queue[PersistJob | None] = queue.Queue()
-        self._busy = threading.Event()
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
         self._refs: dict[tuple[str, int], Any] = {}
         self._ref_step: int | None = None
         self._deltas_since_full = 0
@@ -177,14 +178,19 @@ class PersistWorker:
 
         ``shards`` places local tensors (DTensor shards) in their global tensors."""
         future: Future[int] = Future()
-        self._busy.set()
+        with self._in_flight_lock:
+            self._in_flight += 1
         self._queue.put(PersistJob(snapshot, future, full, shards))
         return future
 
     @property
     def busy(self) -> bool:
-        """True while a snapshot is queued or being persisted (its buffers are in use)."""
-        return self._busy.is_set()
+        """True while a snapshot is queued or being persisted.
+
+        A counter, not a flag: a flag cleared after an "is the queue empty?" check can be
+        cleared just after another submit, and then reads False while that job runs."""
+        with self._in_flight_lock:
+            return self._in_flight > 0
 
     def close(self) -> None:
         """Finish what is queued, then stop the thread."""
@@ -198,21 +204,26 @@ class PersistWorker:
             job = self._queue.get()
             if job is None:
                 return
+            error: BaseException | None = None
             try:
                 job.snapshot.wait()
-                step = self._persist(job)
+                self._persist(job)
             except BaseException as e:  # a failed persist must not kill the worker
                 self.stats.failed += 1
                 self._reset_chain()
                 log.error("checkpoint of step %d failed: %s", job.snapshot.step, e)
-                job.future.set_exception(e)
-            else:
-                job.future.set_result(step)
-            finally:
+                error = e
+            # Buffers first, then the future: whoever waited on the future may reuse them.
+            try:
                 if self.on_done is not None:
                     self.on_done(job.snapshot)
-                if self._queue.empty():
-                    self._busy.clear()
+            finally:
+                with self._in_flight_lock:
+                    self._in_flight -= 1
+                if error is not None:
+                    job.future.set_exception(error)
+                else:
+                    job.future.set_result(job.snapshot.step)
 
     def _reset_chain(self) -> None:
         # After a failure the step this rank's refs point at may never commit: start over.

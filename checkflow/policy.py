@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 
 DEFAULT_MAX_OVERHEAD = 0.035
 
+PERSIST_HEADROOM = 1.25
+"""The interval leaves each persist this factor of its measured time: persists vary, and
+one that outlasts two intervals makes training wait for a host buffer set."""
+
 
 @dataclass(kw_only=True, slots=True)
 class Profile:
@@ -41,7 +45,8 @@ def choose_interval(
     """The checkpoint interval in steps.
 
     The smallest ``k`` whose overhead ``cost / (k * iteration)`` stays under ``max_overhead``
-    and that lets each persist finish before the next checkpoint is due. When failures were
+    and that lets each persist finish, with ``PERSIST_HEADROOM`` to spare, before the next
+    checkpoint is due (so training never waits for a host buffer set). When failures were
     observed (``mtbf_s``), the interval is also bounded above by the Young/Daly optimum
     ``sqrt(2 * cost * MTBF)``: with frequent failures, lost work costs more than checkpoints.
     It never goes below what the persist needs, since a faster cadence only queues work.
@@ -58,7 +63,7 @@ def choose_interval(
         return min_interval
     cost = max(0.0, profile.cost_s)
     k_budget = math.ceil(cost / (max_overhead * step) - 1e-9) if cost > 0 else 1
-    k_persist = math.ceil(max(0.0, profile.persist_s) / step - 1e-9)
+    k_persist = math.ceil(PERSIST_HEADROOM * max(0.0, profile.persist_s) / step - 1e-9)
     k = k_budget
     if mtbf_s is not None and mtbf_s > 0 and cost > 0:
         k_daly = max(1, round(math.sqrt(2 * cost * mtbf_s) / step))

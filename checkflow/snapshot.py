@@ -1,5 +1,10 @@
 """Phase 1: copy the training state into host buffers that are allocated once and reused.
 
+There are at most two buffer sets (``BufferSets``): while one is being persisted, the next
+due snapshot goes into the other, so a checkpoint is never skipped because storage is
+still busy. Only when both are in use does the training thread wait for one (the caller
+counts that wait as a stall).
+
 The training thread calls ``Snapshotter.take`` and returns at once. Tensors that only an
 optimizer step changes (parameters and optimizer state, the *protected* ones) are copied in
 the background: on a CPU thread, or on a side CUDA stream ordered by events. Everything else
@@ -35,7 +40,9 @@ class HostBufferPool:
     def buffer_for(self, fqn: str, source: torch.Tensor) -> torch.Tensor:
         buf = self._buffers.get(fqn)
         if buf is None or buf.shape != source.shape or buf.dtype != source.dtype:
-            pin = source.is_cuda
+            # Pinning needs a CUDA driver; a tensor that only claims to be on CUDA (the
+            # stand-in of the unit tests) gets pageable memory.
+            pin = source.is_cuda and torch.cuda.is_available()
             buf = torch.empty(source.shape, dtype=source.dtype, pin_memory=pin)
             self._buffers[fqn] = buf
             self.allocations += 1
@@ -46,6 +53,76 @@ class HostBufferPool:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
 
+class BufferSets:
+    """At most ``limit`` host buffer sets, made on first need and then reused.
+
+    A set is *acquired* for one snapshot on the training thread and *released* by the
+    persist thread once that snapshot is written (its buffers may then be overwritten).
+    With two sets, one snapshot can be copied while the previous one is still persisting;
+    memory is one more copy of the state, allocated once.
+    """
+
+    def __init__(self, limit: int = 2) -> None:
+        if limit < 1:
+            raise ValueError(f"need at least one host buffer set, got {limit}")
+        self.limit = limit
+        self._free: list[HostBufferPool] = []
+        self._made: list[HostBufferPool] = []
+        self._cond = threading.Condition()
+
+    @property
+    def made(self) -> int:
+        """Buffer sets allocated so far (1 while persists keep up, at most ``limit``)."""
+        return len(self._made)
+
+    @property
+    def allocations(self) -> int:
+        """Host tensors allocated over all sets; constant in steady state."""
+        return sum(p.allocations for p in self._made)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self._made)
+
+    def has_free(self) -> bool:
+        """True when ``try_acquire`` would succeed now."""
+        with self._cond:
+            return bool(self._free) or len(self._made) < self.limit
+
+    def try_acquire(self) -> HostBufferPool | None:
+        """A free set (a new one while under ``limit``), or None when every set is in use."""
+        with self._cond:
+            return self._take_locked()
+
+    def acquire(self) -> tuple[HostBufferPool, float]:
+        """A free set, waiting for a persist to release one; returns it and seconds waited."""
+        t0 = time.perf_counter()
+        with self._cond:
+            pool = self._take_locked()
+            while pool is None:
+                self._cond.wait()
+                pool = self._take_locked()
+        return pool, time.perf_counter() - t0
+
+    def release(self, pool: HostBufferPool) -> None:
+        """Give back a set whose snapshot is written (called by the persist thread)."""
+        with self._cond:
+            if any(p is pool for p in self._free):
+                return  # released twice (a failed persist): keep one entry
+            self._free.append(pool)
+            self._cond.notify()
+
+    def _take_locked(self) -> HostBufferPool | None:
+        if self._free:
+            # Most recently released first: its pages are the warmest.
+            return self._free.pop()
+        if len(self._made) < self.limit:
+            pool = HostBufferPool()
+            self._made.append(pool)
+            return pool
+        return None
+
+
 @dataclass(eq=False)
 class Snapshot:
     """One phase-1 copy: host tensors that become valid once ``wait`` returns."""
@@ -53,6 +130,8 @@ class Snapshot:
     step: int
     tensors: dict[str, torch.Tensor]
     skeleton: dict[str, Any]
+    buffers: HostBufferPool | None = None
+    """The buffer set ``tensors`` live in; released once the snapshot is persisted."""
     started: float = field(default_factory=time.perf_counter)
     copied: float | None = None
     """perf_counter time when every tensor was on the host."""
@@ -123,43 +202,68 @@ class CudaCopier:
 
 
 class Snapshotter:
-    """Starts snapshots; owns the copy thread, the CUDA side streams and the buffer pool."""
+    """Starts snapshots; owns the copy thread, the CUDA side streams and the buffer sets.
 
-    def __init__(self) -> None:
-        self.pool = HostBufferPool()
+    Args:
+        buffer_sets: how many host copies of the state may exist (2: one being persisted,
+            one being filled).
+        cuda: the ``torch.cuda`` module (a stand-in in CPU-only unit tests).
+    """
+
+    def __init__(self, buffer_sets: int = 2, cuda: Any = None) -> None:
+        self.buffers = BufferSets(buffer_sets)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkflow-copy")
-        self.cuda = CudaCopier()
-        self._lock = threading.Lock()
+        self.cuda = CudaCopier() if cuda is None else CudaCopier(cuda)
 
-    def take(self, step: int, flat: FlatState, protected: set[int]) -> Snapshot:
-        """Start copying ``flat``; ``protected`` holds data pointers only an optimizer changes.
+    def take(
+        self, step: int, flat: FlatState, protected: set[int], pool: HostBufferPool
+    ) -> Snapshot:
+        """Start copying ``flat`` into ``pool``; ``protected`` holds data pointers that only
+        an optimizer step changes.
 
-        Returns as soon as the unprotected tensors are copied.
+        Returns once every tensor that the next forward pass may change in place is safe:
+        CPU ones are copied, CUDA ones are ordered before the device's next work.
         """
         hosts: dict[str, torch.Tensor] = {}
         background: list[tuple[torch.Tensor, torch.Tensor]] = []
-        by_cuda: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        by_cuda: dict[int, list[tuple[torch.Tensor, torch.Tensor, bool]]] = {}
         for fqn, src in flat.tensors.items():
             src = src.detach()
             if src.device.type == "xla":
                 # torch_xla: materialize pending graph work, then a synchronous transfer.
                 src = _xla_to_cpu(src)
-            dst = self.pool.buffer_for(fqn, src)
+            dst = pool.buffer_for(fqn, src)
             hosts[fqn] = dst
+            is_protected = _data_ptr(src) in protected
             if src.is_cuda:
-                by_cuda.setdefault(src.device.index or 0, []).append((dst, src))
-            elif _data_ptr(src) in protected:
+                by_cuda.setdefault(src.device.index or 0, []).append((dst, src, is_protected))
+            elif is_protected:
                 background.append((dst, src))
             else:
                 dst.copy_(src)
-        snap = Snapshot(step=step, tensors=hosts, skeleton=flat.skeleton)
-        for device, pairs in by_cuda.items():
-            snap._cuda_events.append((device, self.cuda.copy(device, pairs)))
+        snap = Snapshot(step=step, tensors=hosts, skeleton=flat.skeleton, buffers=pool)
+        for device, triples in by_cuda.items():
+            # Unprotected tensors (BatchNorm statistics…) first, so one event marks them.
+            unprotected = [(d, s) for d, s, p in triples if not p]
+            rest = [(d, s) for d, s, p in triples if p]
+            if unprotected:
+                event = self.cuda.copy(device, unprotected)
+                snap._cuda_events.append((device, event))
+                # The next forward pass changes these in place: the device (not the host)
+                # must finish copying them before it runs anything queued after take().
+                self.cuda.order_after(device, event)
+            if rest:
+                snap._cuda_events.append((device, self.cuda.copy(device, rest)))
         if by_cuda:
             snap._cuda = self.cuda
         if background:
             snap._cpu_done = self._executor.submit(_copy_all, background)
         return snap
+
+    def release(self, snap: Snapshot) -> None:
+        """The snapshot is persisted (or failed): its buffer set may be reused."""
+        if snap.buffers is not None:
+            self.buffers.release(snap.buffers)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -110,8 +110,9 @@ def train(args: argparse.Namespace) -> dict[str, object]:
     if args.out:
         torch.save(final, args.out)
     print(
-        f"done {args.steps} steps; checkpoints {ckpt.stats.committed}, skipped "
-        f"{ckpt.stats.skipped}, interval {ckpt.stats.interval}",
+        f"done {args.steps} steps; checkpoints {ckpt.stats.committed} of "
+        f"{ckpt.stats.due} due, waits {ckpt.stats.waits} ({ckpt.stats.waited_s:.2f}s), "
+        f"interval {ckpt.stats.interval}",
         flush=True,
     )
     return final

@@ -57,16 +57,96 @@ def test_keep_retains_the_newest_committed_and_deletes_abandoned_partials(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir(5), step_dir(6)]
 
 
-def test_checkpoint_due_while_persist_runs_is_skipped_and_counted(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "0.5")
+def test_every_due_checkpoint_is_taken_while_persists_are_slow(tmp_path, monkeypatch):
+    # Each persist takes over 1 s while steps take milliseconds: the second snapshot goes
+    # into the second buffer set, the later ones wait for a set, and none is skipped.
+    monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "1.0")
     state = small_state()
-    with Checkpointer(str(tmp_path), state, every=1) as ck:
+    with Checkpointer(str(tmp_path), state, every=1, keep=0) as ck:
         for _ in range(4):
             train_step(state)
             ck.step()
-        assert ck.stats.snapshots == 1
-        assert ck.stats.skipped == 3
-    assert [c.step for c in list_checkpoints(str(tmp_path))] == [1]
+        assert ck.stats.due == ck.stats.taken == 4
+        assert ck.stats.skipped == 0
+        assert ck.stats.waits == 2  # steps 3 and 4 found both sets busy
+        assert ck.stats.waited_s > 1.0
+        assert ck._snapshotter.buffers.made == 2
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [1, 2, 3, 4]
+    assert ck.stats.committed == 4
+
+
+def test_every_n_step_exists_after_wait_even_when_steps_outpace_storage(tmp_path, monkeypatch):
+    # The user report: every=2 over 10 fast steps, then wait() after step 8 -> step 8 missing.
+    monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "0.1")
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=2, keep=0) as ck:
+        for _ in range(8):
+            train_step(state)
+            ck.step()
+        ck.wait()
+        assert [c.step for c in list_checkpoints(str(tmp_path))] == [2, 4, 6, 8]
+        saved = load(str(tmp_path), step=8)
+        for k, v in state["model"].state_dict().items():
+            assert torch.equal(saved["model"][k], v)
+
+
+def test_waiting_for_a_buffer_set_is_logged_with_its_reason(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "1.0")
+    state = small_state()
+    with (
+        caplog.at_level(logging.WARNING, logger="checkflow.checkpointer"),
+        Checkpointer(str(tmp_path), state, every=1, keep=1) as ck,
+    ):
+        for _ in range(3):
+            train_step(state)
+            ck.step()
+    waits = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
+    assert len(waits) == 1  # step 3 waited once; rate-limited to 1, 2, 4, 8... waits
+    assert "storage is slower than the checkpoint interval" in waits[0]
+    assert "step 3" in waits[0]
+
+
+def test_when_busy_skip_is_an_explicit_opt_in_that_counts_skips(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "1.0")
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=1, when_busy="skip", keep=0) as ck:
+        for _ in range(4):
+            train_step(state)
+            ck.step()
+        # Two buffer sets: steps 1 and 2 are taken, 3 and 4 find both busy and are skipped.
+        assert ck.stats.due == 4
+        assert ck.stats.taken == 2
+        assert ck.stats.skipped == 2
+        assert ck.stats.waits == 0
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [1, 2]
+
+
+def test_when_busy_rejects_an_unknown_value(tmp_path):
+    with pytest.raises(ValueError, match="when_busy"):
+        Checkpointer(str(tmp_path), small_state(), every=1, when_busy="drop")
+
+
+def test_a_persist_that_keeps_up_allocates_only_one_buffer_set(tmp_path):
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=1, keep=1) as ck:
+        for _ in range(4):
+            train_step(state)
+            ck.step()
+            ck.wait()
+        assert ck._snapshotter.buffers.made == 1
+        assert ck.stats.waits == 0
+
+
+def test_save_at_an_already_checkpointed_step_returns_that_checkpoint(tmp_path):
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=2, keep=0) as ck:
+        for _ in range(2):
+            train_step(state)
+            ck.step()
+        assert ck.save().result(timeout=30) == 2
+        assert ck.stats.taken == 1  # no second snapshot of step 2
 
 
 def test_save_forces_a_checkpoint_and_its_future_resolves_to_the_step(tmp_path):
@@ -85,12 +165,12 @@ def test_steady_state_allocates_no_new_host_buffers(tmp_path):
         train_step(state)
         ck.step()
         ck.wait()
-        first = ck._snapshotter.pool.allocations
+        first = ck._snapshotter.buffers.allocations
         for _ in range(5):
             train_step(state)
             ck.step()
             ck.wait()
-        assert ck._snapshotter.pool.allocations == first
+        assert ck._snapshotter.buffers.allocations == first
 
 
 def test_memory_uri_round_trips(tmp_path):
@@ -202,11 +282,11 @@ def test_every_auto_measures_then_picks_and_reports_an_interval(tmp_path, caplog
         Checkpointer(str(tmp_path), state, every="auto", max_overhead=0.05, keep=1) as ck,
     ):
         deadline = time.monotonic() + 120
-        while ck.stats.snapshots < 3 and time.monotonic() < deadline:
+        while ck.stats.taken < 3 and time.monotonic() < deadline:
             train_step(state)
             time.sleep(0.005)  # a step of a few milliseconds, like real work
             ck.step()
-    assert ck.stats.snapshots >= 3  # the warm-up checkpoint, then at the chosen interval
+    assert ck.stats.taken >= 3  # the warm-up checkpoint, then at the chosen interval
     profile = ck._tuner.profile
     assert profile is not None and profile.iteration_s >= 0.005
     # The interval in use is the policy's choice for a measured profile, and was logged.

@@ -6,9 +6,15 @@ import threading
 
 import torch
 
-from checkflow.snapshot import Snapshotter, protected_pointers
+from checkflow.snapshot import BufferSets, Snapshotter, protected_pointers
 from checkflow.state import flatten
 from tests.runtime._models import small_state, train_step
+
+
+def _take(snapper: Snapshotter, step: int, flat, protected):
+    pool = snapper.buffers.try_acquire()
+    assert pool is not None
+    return snapper.take(step, flat, protected, pool)
 
 
 def test_optimizer_step_waits_for_the_background_copy_of_the_weights():
@@ -19,7 +25,7 @@ def test_optimizer_step_waits_for_the_background_copy_of_the_weights():
     # Hold the copy thread so the copy is provably still running when the optimizer steps.
     snapper._executor.submit(gate.wait)
     weights = state["model"][0].weight.detach().clone()
-    snap = snapper.take(1, flatten(state), protected_pointers([state["optim"]]))
+    snap = _take(snapper, 1, flatten(state), protected_pointers([state["optim"]]))
     assert not snap.done()
     threading.Timer(0.2, gate.set).start()
     waited = snap.block_optimizer()  # what the pre-hook does
@@ -38,7 +44,7 @@ def test_module_buffers_are_copied_before_take_returns():
     gate = threading.Event()
     snapper._executor.submit(gate.wait)
     mean = state["model"][1].running_mean.clone()
-    snap = snapper.take(1, flatten(state), protected_pointers([state["optim"]]))
+    snap = _take(snapper, 1, flatten(state), protected_pointers([state["optim"]]))
     # The next forward pass changes BatchNorm statistics in place, before any optimizer
     # step: the snapshot already holds its own copy.
     state["model"](torch.randn(8, 16))
@@ -116,3 +122,45 @@ def test_cuda_copies_run_on_a_side_stream_after_queued_work_and_order_the_next_s
     # The optimizer pre-hook orders the device on the event: no host synchronization.
     copier.order_after(0, event)
     assert fake.calls == [("current_waits_event", event)]
+
+
+class _StandInCudaTensor(torch.Tensor):
+    """A CPU tensor that says it lives on CUDA, so ``take`` routes it through the copier."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def test_cuda_tensors_no_optimizer_guards_order_the_device_before_take_returns():
+    # BatchNorm statistics change in the next forward pass, which no optimizer hook orders:
+    # take() itself must make the current stream wait for their copy. Weights and optimizer
+    # state are ordered later, by the optimizer pre-hook.
+    fake = _FakeCuda()
+    state = small_state()
+    train_step(state)
+    flat = flatten(state)
+    protected = protected_pointers([state["optim"]])
+    flat.tensors = {k: v.as_subclass(_StandInCudaTensor) for k, v in flat.tensors.items()}
+    snapper = Snapshotter(cuda=fake)
+    snap = _take(snapper, 1, flat, protected)
+    waits = [(i, c) for i, c in enumerate(fake.calls) if c[0] == "current_waits_event"]
+    assert len(waits) == 1, fake.calls  # exactly the unprotected copy's event, at take()
+    records = [i for i, c in enumerate(fake.calls) if c[0] == "record"]
+    assert len(records) == 2  # one copy of the unprotected tensors, one of the protected
+    assert waits[0][1][1] is snap._cuda_events[0][1]
+    # The unprotected copy was queued and ordered before the protected one was queued.
+    assert records[0] < waits[0][0] < records[1]
+    assert torch.equal(snap.tensors["model.1.running_mean"], state["model"][1].running_mean)
+    snapper.close()
+
+
+def test_buffer_sets_make_at_most_two_and_wait_for_a_release():
+    sets = BufferSets(2)
+    a, b = sets.try_acquire(), sets.try_acquire()
+    assert a is not None and b is not None and a is not b
+    assert sets.try_acquire() is None and not sets.has_free()
+    threading.Timer(0.2, sets.release, args=(a,)).start()
+    got, waited = sets.acquire()
+    assert got is a and waited >= 0.15
+    assert sets.made == 2
