@@ -3,10 +3,17 @@
 One process, one run, the same model, data and step count for every strategy: no
 checkpoints, ``torch.save`` + fsync, ``dcp.save``, ``dcp.async_save`` (thread), DCP
 ``async_save`` with ``DefaultStager`` async staging, checkflow (one run per codec) and
-checkflow ``every="auto"``. Prints overhead, blocking stall, bytes, checkpoints taken and
-restore time side by side, then PASS/MISS against the targets of issue 2.
+checkflow ``every="auto"``. Prints overhead, blocking stall, bytes, checkpoints taken of
+those due and restore time side by side, then PASS/MISS against the targets.
+
+Every strategy must take every due checkpoint: the table shows taken/due, and a row that
+took fewer is marked UNEQUAL and never counts as a PASS (comparing unequal work is
+meaningless). With ``--repeats R`` the whole plan runs R times, each time in a rotated
+order (interleaved, so slow phases of a shared machine hit every strategy), and the
+report gives medians with their spread (min..max over the repeats).
 
     python benchmarks/overhead.py                 # full run (~10 min on 2 cores)
+    python benchmarks/overhead.py --repeats 5     # medians of 5 interleaved repeats
     python benchmarks/overhead.py --quick         # smoke run (~1 min)
     python benchmarks/overhead.py --strategies none,dcp.async-staged,checkflow-q8 --k 5
 """
@@ -88,8 +95,9 @@ class Strategy:
     def __init__(self, name: str, k: int | None, root: str) -> None:
         self.name, self.k, self.root = name, k, root
         self.stalls: list[float] = []
+        self.due = 0
         self.taken = 0
-        self.skipped = 0
+        self.waits = 0
         self.ckpt_bytes: list[int] = []
         self.interval: int | None = k
         self.model: nn.Module | None = None
@@ -123,7 +131,9 @@ class Strategy:
 
     # helpers for the baselines, which write one folder/file per checkpoint
     def _due(self, step: int) -> bool:
-        return self.k is not None and step % self.k == 0
+        due = self.k is not None and step % self.k == 0
+        self.due += due
+        return due
 
     def _path(self, step: int) -> str:
         return os.path.join(self.root, f"step-{step:09d}")
@@ -308,7 +318,7 @@ class Checkflow(Strategy):
         self.codec = codec
         self.max_overhead = max_overhead
         self.ckpt: Any = None
-        self._base = (0, 0, 0, 0)
+        self._base = (0, 0, 0, 0, 0, 0)
 
     def _checkpointer(self, every: int | str) -> Any:
         from checkflow import Checkpointer
@@ -331,7 +341,7 @@ class Checkflow(Strategy):
     def warm(self) -> None:
         self.ckpt.save().result()
         s, p = self.ckpt.stats, self.ckpt._persist.stats
-        self._base = (s.snapshots, len(s.stalls_s), p.bytes_written, p.committed)
+        self._base = (s.due, s.taken, s.waits, len(s.stalls_s), p.bytes_written, p.committed)
 
     def after_step(self, step: int) -> None:
         self.ckpt.step()
@@ -341,9 +351,10 @@ class Checkflow(Strategy):
         s = self.ckpt.stats
         # PersistWorker.stats is the only place that counts bytes; Checkpointer.stats does not.
         p = self.ckpt._persist.stats
-        snaps, nstalls, nbytes, committed = self._base
-        self.taken = s.snapshots - snaps
-        self.skipped = s.skipped
+        due, taken, waits, nstalls, nbytes, committed = self._base
+        self.due = s.due - due
+        self.taken = s.taken - taken
+        self.waits = s.waits - waits
         self.stalls = list(s.stalls_s[nstalls:])
         self.interval = s.interval
         if p.committed > committed:
@@ -400,8 +411,9 @@ class Result:
     drain_s: float
     step_s: float
     stalls: list[float]
+    due: int
     taken: int
-    skipped: int
+    waits: int
     bytes_per_ckpt: float
     interval: int | None
     base_step_s: float = float("nan")
@@ -421,6 +433,11 @@ class Result:
     @property
     def steps(self) -> int:
         return int(self.extra["steps"])
+
+    @property
+    def equal_work(self) -> bool:
+        """Every due checkpoint was taken (the only runs that may be compared)."""
+        return self.taken == self.due
 
 
 def run_one(
@@ -457,8 +474,9 @@ def run_one(
             drain_s=drain,
             step_s=median(step_times),
             stalls=list(strat.stalls),
+            due=strat.due,
             taken=strat.taken,
-            skipped=strat.skipped,
+            waits=strat.waits,
             bytes_per_ckpt=median(strat.ckpt_bytes),
             interval=strat.interval,
             base_step_s=sum(base_times) / len(base_times) if base_times else float("nan"),
@@ -498,37 +516,97 @@ def reference_copy_s(args: argparse.Namespace, batches: list) -> tuple[float, in
 
 
 # -- report ----------------------------------------------------------------------------------
-def report(results: list[Result], base_s: float, copy_s: float, load_s: float) -> list[str]:
-    rows = []
+@dataclass
+class Summary:
+    """One strategy at one K over every repeat: medians and their spread."""
+
+    runs: list[Result]
+
+    @property
+    def first(self) -> Result:
+        return self.runs[0]
+
+    @property
+    def name(self) -> str:
+        return self.first.name
+
+    @property
+    def k(self) -> int | None:
+        return self.first.k
+
+    @property
+    def equal_work(self) -> bool:
+        return all(r.equal_work for r in self.runs)
+
+    def med(self, fn: Any) -> float:
+        return median([fn(r) for r in self.runs])
+
+    def spread(self, fn: Any) -> tuple[float, float]:
+        values = [fn(r) for r in self.runs]
+        return min(values), max(values)
+
+    @property
+    def overhead(self) -> float:
+        """Median paired overhead over the repeats."""
+        return self.med(lambda r: r.paired_overhead)
+
+    def overhead_text(self) -> str:
+        lo, hi = self.spread(lambda r: r.paired_overhead)
+        text = f"{100 * self.overhead:+.1f}%"
+        if len(self.runs) > 1:
+            text += f" [{100 * lo:+.1f}..{100 * hi:+.1f}]"
+        return text
+
+    def ckpts_text(self) -> str:
+        if self.name == "none":
+            return "-"
+        taken = "/".join(sorted({f"{r.taken}/{r.due}" for r in self.runs}))
+        waits = sum(r.waits for r in self.runs)
+        text = taken + (f" ({waits} waits)" if waits else "")
+        return text if self.equal_work else text + " UNEQUAL"
+
+
+def combine(results: list[Result]) -> list[Summary]:
+    """Group runs by (strategy, K), in first-seen order."""
+    groups: dict[tuple[str, int | None], list[Result]] = {}
     for r in results:
-        over = r.total_s / base_s - 1
-        stall = median(r.stalls)
+        groups.setdefault((r.name, r.k), []).append(r)
+    return [Summary(runs) for runs in groups.values()]
+
+
+def report(summaries: list[Summary], base_s: float, copy_s: float, load_s: float) -> list[str]:
+    rows = []
+    for g in summaries:
+        stall = g.med(lambda r: median(r.stalls) if r.stalls else float("nan"))
+        restore = g.med(lambda r: r.restore_s)
         rows.append(
             [
-                r.name,
-                "-" if r.k is None else str(r.k),
-                "-" if r.name == "none" else f"{r.taken} ({r.skipped} skipped)",
-                f"{r.interval}" if r.name.startswith("checkflow-auto") else "",
-                fmt_s(r.step_s),
-                fmt_s(r.total_s, "s"),
-                f"{100 * r.paired_overhead:+.1f}%",
-                f"{100 * over:+.1f}%",
-                fmt_s(r.drain_s),
+                g.name,
+                "-" if g.k is None else str(g.k),
+                g.ckpts_text(),
+                "/".join(sorted({str(r.interval) for r in g.runs}))
+                if g.name.startswith("checkflow-auto")
+                else "",
+                fmt_s(g.med(lambda r: r.step_s)),
+                fmt_s(g.med(lambda r: r.total_s), "s"),
+                g.overhead_text(),
+                f"{100 * (g.med(lambda r: r.total_s) / base_s - 1):+.1f}%",
+                fmt_s(g.med(lambda r: r.drain_s)),
                 fmt_s(stall),
-                f"{stall / copy_s:.2f}x" if r.stalls else "-",
-                fmt_bytes(r.bytes_per_ckpt),
-                fmt_s(r.restore_s, "s"),
-                f"{r.restore_s / load_s:.2f}x" if r.restore_s == r.restore_s else "-",
+                f"{stall / copy_s:.2f}x" if stall == stall else "-",
+                fmt_bytes(g.med(lambda r: r.bytes_per_ckpt)),
+                fmt_s(restore, "s"),
+                f"{restore / load_s:.2f}x" if restore == restore else "-",
             ]
         )
     headers = [
         "strategy",
         "K",
-        "ckpts",
+        "taken/due",
         "interval",
         "step (med)",
         "total",
-        "overhead (paired)",
+        "overhead (paired)" + (" [min..max]" if len(summaries[0].runs) > 1 else ""),
         "overhead (vs none)",
         "drain",
         "stall/ckpt (med)",
@@ -540,51 +618,72 @@ def report(results: list[Result], base_s: float, copy_s: float, load_s: float) -
     return [table(headers, rows)]
 
 
+def verdict(ok: bool, *groups: Summary) -> str:
+    """PASS/MISS, or UNEQUAL when a compared run skipped due checkpoints."""
+    if not all(g.equal_work for g in groups):
+        return "UNEQUAL"
+    return "PASS" if ok else "MISS"
+
+
+def paired_ratios(mine: Summary, theirs: Summary) -> list[float]:
+    """Overhead ratio per repeat (the two ran back to back in the same repeat)."""
+    return [
+        a.paired_overhead / b.paired_overhead
+        for a, b in zip(mine.runs, theirs.runs, strict=False)
+        if b.paired_overhead > 0
+    ]
+
+
 def targets(
-    results: list[Result], base_s: float, copy_s: float, load_s: float, max_overhead: float
+    summaries: list[Summary], copy_s: float, load_s: float, max_overhead: float
 ) -> list[str]:
     out = []
-
-    def verdict(ok: bool) -> str:
-        return "PASS" if ok else "MISS"
-
-    def over(r: Result) -> float:
-        return r.paired_overhead
-
-    flow = [r for r in results if r.name.startswith("checkflow-")]
-    for r in flow:
-        if not r.stalls:
+    flow = [g for g in summaries if g.name.startswith("checkflow-")]
+    for g in flow:
+        stall = g.med(lambda r: median(r.stalls) if r.stalls else float("nan"))
+        if stall != stall:
             continue
-        ratio = median(r.stalls) / copy_s
+        ratio = stall / copy_s
         out.append(
-            f"{verdict(ratio <= 2)} stall {r.name} K={r.k or 'auto'}: "
-            f"{fmt_s(median(r.stalls))} = {ratio:.2f}x plain copy_ (target <= 2x)"
+            f"{verdict(ratio <= 2, g)} stall {g.name} K={g.k or 'auto'}: "
+            f"{fmt_s(stall)} = {ratio:.2f}x plain copy_ (target <= 2x)"
         )
-    dcp5 = [r for r in results if r.name in DCP and r.k == 5]
-    if dcp5:
-        best = min(dcp5, key=over)
-        for r in (r for r in flow if r.k == 5):
-            # A best DCP overhead at or below zero means the run's noise swamped it.
-            ratio = f"{over(r) / over(best):.2f}x" if over(best) > 0 else "n/a (DCP within noise)"
+    for k in sorted({g.k for g in flow if g.k is not None}):
+        dcps = [g for g in summaries if g.name in DCP and g.k == k]
+        if not dcps:
+            continue
+        best = min(dcps, key=lambda g: g.overhead)
+        for g in (g for g in flow if g.k == k):
+            ratios = paired_ratios(g, best)
+            if best.overhead > 0:
+                ratio = f"{g.overhead / best.overhead:.2f}x"
+            else:  # a best DCP overhead at or below zero means the noise swamped it
+                ratio = "n/a (DCP within noise)"
+            if len(ratios) > 1:
+                ratio += (
+                    f" (per repeat {median(ratios):.2f}x [{min(ratios):.2f}..{max(ratios):.2f}])"
+                )
             out.append(
-                f"{verdict(over(r) <= over(best) / 2)} overhead (paired) {r.name} K=5: "
-                f"{100 * over(r):+.1f}% vs best DCP ({best.name}) {100 * over(best):+.1f}% "
-                f"= {ratio} (target <= 0.5x)"
+                f"{verdict(g.overhead <= best.overhead / 2, g, best)} overhead (paired) "
+                f"{g.name} K={k}: {g.overhead_text()} vs best DCP ({best.name}) "
+                f"{best.overhead_text()} = {ratio} (target <= 0.5x)"
             )
-    for r in (r for r in flow if r.name.startswith("checkflow-auto")):
-        loop_over = r.loop_s / (r.base_step_s * r.steps) - 1
+    for g in (g for g in flow if g.name.startswith("checkflow-auto")):
+        loop_over = g.med(lambda r: r.loop_s / (r.base_step_s * r.steps) - 1)
+        intervals = "/".join(sorted({str(r.interval) for r in g.runs}))
         out.append(
-            f"{verdict(over(r) <= max_overhead)} auto {r.name}: "
-            f"paired overhead {100 * over(r):+.1f}% "
-            f"incl. final drain, {100 * loop_over:+.1f}% without; interval {r.interval} steps, "
-            f"{r.taken} checkpoints (target <= {100 * max_overhead:.0f}%)"
+            f"{verdict(g.overhead <= max_overhead, g)} auto {g.name}: "
+            f"paired overhead {g.overhead_text()} incl. final drain, {100 * loop_over:+.1f}% "
+            f"without; interval {intervals} steps, {g.ckpts_text()} checkpoints "
+            f"(target <= {100 * max_overhead:.0f}%)"
         )
-    for r in flow:
-        if r.restore_s == r.restore_s:
-            ratio = r.restore_s / load_s
+    for g in flow:
+        restore = g.med(lambda r: r.restore_s)
+        if restore == restore:
+            ratio = restore / load_s
             out.append(
-                f"{verdict(ratio <= 1.2)} restore {r.name} K={r.k or 'auto'}: "
-                f"{fmt_s(r.restore_s, 's')} = {ratio:.2f}x torch.load (target <= 1.2x)"
+                f"{verdict(ratio <= 1.2, g)} restore {g.name} K={g.k or 'auto'}: "
+                f"{fmt_s(restore, 's')} = {ratio:.2f}x torch.load (target <= 1.2x)"
             )
     return out
 
@@ -614,6 +713,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-overhead", type=float, default=0.05, help="for checkflow-auto")
     p.add_argument("--restore-reps", type=int, default=3)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the whole plan this many times, interleaved in a rotated order; the "
+        "report gives medians and their spread",
+    )
     p.add_argument("--dir", default=None, help="local folder for checkpoints (default: a tmp dir)")
     p.add_argument("--quick", action="store_true", help="small state, few steps (~1 min)")
     args = p.parse_args(argv)
@@ -626,7 +732,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    logging.basicConfig(level=logging.ERROR)  # checkflow warns on every skipped checkpoint
+    logging.basicConfig(level=logging.ERROR)  # checkflow's wait warnings would interleave
     warnings.filterwarnings("ignore", category=FutureWarning)
     # DCP says once per call that it assumes a single process: that is the point here.
     warnings.filterwarnings("ignore", message=".*assuming the intent is to")
@@ -658,21 +764,24 @@ def main(argv: list[str] | None = None) -> None:
     plan: list[tuple[str, int | None]] = []
     for name in names:
         plan += [(name, k) for k in args.k] if uses_k(name) else [(name, None)]
-    if "none" in names:  # run the baseline at both ends to expose drift from other load
+    if "none" in names:  # the baseline at both ends too: it shows drift from other load
         plan.append(("none", None))
     results: list[Result] = []
     try:
-        for i, (name, k) in enumerate(plan):
-            strat = make_strategy(
-                name, k, os.path.join(parent, f"{i:02d}-{name}"), args.max_overhead
-            )
-            r = run_one(strat, args, batches)
-            results.append(r)
-            print(
-                f"  {name:<20} K={k if k is not None else '-':<4} total {r.total_s:6.2f} s, "
-                f"{r.taken} ckpts, {r.skipped} skipped",
-                flush=True,
-            )
+        for repeat in range(args.repeats):
+            for i, (name, k) in enumerate(rotated(plan, repeat)):
+                strat = make_strategy(
+                    name, k, os.path.join(parent, f"{repeat}-{i:02d}-{name}"), args.max_overhead
+                )
+                r = run_one(strat, args, batches)
+                results.append(r)
+                print(
+                    f"  [{repeat + 1}/{args.repeats}] {name:<20} "
+                    f"K={k if k is not None else '-':<4} total {r.total_s:6.2f} s, "
+                    f"{r.taken}/{r.due} ckpts, {r.waits} waits, "
+                    f"paired overhead {100 * r.paired_overhead:+.1f}%",
+                    flush=True,
+                )
     finally:
         if args.dir is None:
             shutil.rmtree(parent, ignore_errors=True)
@@ -685,15 +794,23 @@ def main(argv: list[str] | None = None) -> None:
             f"\nno-checkpoint runs: {', '.join(fmt_s(r.total_s, 's') for r in nones)} "
             f"(spread {spread:.1f}%: the noise floor of every overhead below)"
         )
-        results = [r for r in results if r.name != "none"] + [nones[0]]
     else:
         base_s = float("nan")
+    summaries = combine(results)
     print()
-    for line in report(results, base_s, copy_s, load_s):
+    for line in report(summaries, base_s, copy_s, load_s):
         print(line)
     print()
-    for line in targets(results, base_s, copy_s, load_s, args.max_overhead):
+    for line in targets(summaries, copy_s, load_s, args.max_overhead):
         print(line)
+
+
+def rotated(plan: list[tuple[str, int | None]], repeat: int) -> list[tuple[str, int | None]]:
+    """The plan starting ``repeat`` places further on, so no strategy always runs first."""
+    if not plan:
+        return plan
+    n = repeat % len(plan)
+    return plan[n:] + plan[:n]
 
 
 if __name__ == "__main__":
