@@ -18,15 +18,16 @@ below it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,28 +37,33 @@ HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "train.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextlib.contextmanager
+def coordinator(db: Path) -> Iterator[str]:
+    """A real uvicorn server in a thread of this process; its URL.
 
-
-def start_coordinator(db: Path) -> tuple[str, Any]:
-    """A real uvicorn server in a thread of this process."""
+    It listens on a port the OS picks at bind time (no free-port race), and is stopped and
+    joined on the way out: a server thread still running while the interpreter shuts down
+    can crash it (a segmentation fault after the demo had passed).
+    """
     import uvicorn
     from checkflow_server.app import create_app
     from checkflow_server.settings import Settings
 
-    port = free_port()
-    app = create_app(Settings(host="127.0.0.1", port=port, db=db, log_level="warning"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
+    app = create_app(Settings(host="127.0.0.1", port=0, db=db, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="coordinator", daemon=True)
+    thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("coordinator did not start within 20 s")
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the in-process coordinator did not start within 20 s")
         time.sleep(0.05)
-    return f"http://127.0.0.1:{port}", server
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
 
 
 def train_cmd(ckpt: str, steps: int, *extra: str) -> list[str]:
@@ -160,15 +166,13 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
 
-    url, server = start_coordinator(work / "coordinator.db")
-    print(f"coordinator: {url} (in-process)")
     try:
-        same = demo(work, args.steps, args.kill_at, ["--coordinator", url, "--job", "demo"])
+        with coordinator(work / "coordinator.db") as url:
+            print(f"coordinator: {url} (in-process)")
+            same = demo(work, args.steps, args.kill_at, ["--coordinator", url, "--job", "demo"])
     except DemoFailed as e:
         print(f"demo FAILED: {e} (work folder kept: {work})", file=sys.stderr)
         return 1
-    finally:
-        server.should_exit = True
     if not same:
         print(f"4. MISMATCH: the resumed run differs from the uninterrupted one (kept {work})")
         return 1
