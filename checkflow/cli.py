@@ -80,7 +80,10 @@ def _explain(e: Exception, args: argparse.Namespace) -> tuple[int | None, str]:
     CorruptCheckpointError = _loaded("checkflow.restore", "CorruptCheckpointError")
     NoCheckpointError = _loaded("checkflow.restore", "NoCheckpointError")
     StorageError = _loaded("checkflow.storage", "StorageError")
+    StorageAccessError = _loaded("checkflow.storage", "StorageAccessError")
     uri = getattr(args, "uri", None) or "URI"
+    if isinstance(e, StorageAccessError):
+        return EXIT_USAGE, str(e)  # it already names the URI and what to do
     if isinstance(e, CorruptCheckpointError):
         return EXIT_FAILED, (
             f"checkpoint is damaged: {e}; run 'checkflow verify {uri} --all' "

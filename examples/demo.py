@@ -2,27 +2,32 @@
 
 1. starts a checkflow coordinator in this process (uvicorn on 127.0.0.1, a free port);
 2. runs examples/train.py uninterrupted to get the reference final state;
-3. runs it again against the coordinator, SIGKILLs it mid-run (mid-persist or not);
+3. runs it again against the coordinator; that run kills itself with SIGKILL right after
+   step ``--kill-at`` (``train.py --kill-at``: deterministic, mid-persist or not);
 4. resumes it from the newest committed checkpoint (the coordinator's restore point);
 5. compares the final parameters, optimizer, scheduler, loader and loss bit for bit.
 
-    python examples/demo.py [--steps 300] [--kill-at 170] [--dir runs/demo]
+    python examples/demo.py [--steps 300] [--kill-at 173] [--dir runs/demo]
 
-Exit code 0 when the resumed run is bitwise equal to the uninterrupted one.
+Exit code 0 when the resumed run is bitwise equal to the uninterrupted one. Exit code 1,
+with the reason, when it is not, or when the demo did not show what it claims: the second
+run must die of SIGKILL at the kill step, and the resume must start from a checkpoint
+below it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,28 +37,33 @@ HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "train.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextlib.contextmanager
+def coordinator(db: Path) -> Iterator[str]:
+    """A real uvicorn server in a thread of this process; its URL.
 
-
-def start_coordinator(db: Path) -> tuple[str, Any]:
-    """A real uvicorn server in a thread of this process."""
+    It listens on a port the OS picks at bind time (no free-port race), and is stopped and
+    joined on the way out: a server thread still running while the interpreter shuts down
+    can crash it (a segmentation fault after the demo had passed).
+    """
     import uvicorn
     from checkflow_server.app import create_app
     from checkflow_server.settings import Settings
 
-    port = free_port()
-    app = create_app(Settings(host="127.0.0.1", port=port, db=db, log_level="warning"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
+    app = create_app(Settings(host="127.0.0.1", port=0, db=db, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="coordinator", daemon=True)
+    thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("coordinator did not start within 20 s")
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the in-process coordinator did not start within 20 s")
         time.sleep(0.05)
-    return f"http://127.0.0.1:{port}", server
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
 
 
 def train_cmd(ckpt: str, steps: int, *extra: str) -> list[str]:
@@ -70,16 +80,68 @@ def train_cmd(ckpt: str, steps: int, *extra: str) -> list[str]:
     ]
 
 
-def run_killed(cmd: list[str], kill_at: int) -> int:
-    """Run ``cmd`` and SIGKILL it right after it reports step ``kill_at``."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(f"step {kill_at} "):
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait()
-    return proc.returncode
+class DemoFailed(Exception):
+    """The demo did not show what it claims; the message says what happened instead."""
+
+
+def run(cmd: list[str], what: str, log: Path) -> list[str]:
+    """Run a training process to completion; its stdout lines. Its stderr goes to ``log``."""
+    with open(log, "w") as err:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    if proc.returncode != 0:
+        raise DemoFailed(f"the {what} exited with code {proc.returncode}{tail(log)}")
+    return proc.stdout.splitlines()
+
+
+def run_killed(cmd: list[str], kill_at: int, log: Path) -> tuple[int, int]:
+    """Run ``cmd`` with ``--kill-at``; check it died of SIGKILL right after ``kill_at``.
+
+    The child kills itself: a kill sent from here after reading "step N" could land
+    after the child had already finished, and the demo would prove nothing.
+
+    Returns:
+        The last step the child reported (``kill_at``) and its exit code (-9).
+    """
+    with open(log, "w") as err:
+        proc = subprocess.run(
+            [*cmd, "--kill-at", str(kill_at)], stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    steps = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("step ")]
+    last = steps[-1] if steps else 0
+    if proc.returncode != -signal.SIGKILL:
+        raise DemoFailed(
+            f"the second run was to die of SIGKILL after step {kill_at}, but it exited with "
+            f"code {proc.returncode} after step {last}{tail(log)}"
+        )
+    if last != kill_at:
+        raise DemoFailed(f"the second run was SIGKILLed after step {last}, not {kill_at}")
+    return last, proc.returncode
+
+
+def tail(log: Path, lines: int = 20) -> str:
+    """The end of a child's stderr, to show with a failure."""
+    text = log.read_text().splitlines()[-lines:]
+    return f"; the end of {log}:\n" + "\n".join(text) if text else f" (nothing in {log})"
+
+
+def resumed_from(lines: list[str], kill_at: int) -> int:
+    """The step the resumed run started from (its first line, "start step N").
+
+    Raises:
+        DemoFailed: it is not a restored checkpoint below the kill step: starting at 0
+            restored nothing, and at or past ``kill_at`` would mean the killed run was not
+            cut short where the demo says.
+    """
+    first = lines[0] if lines else ""
+    if not first.startswith("start step "):
+        raise DemoFailed(f"the resumed run did not report its start step (first line {first!r})")
+    start = int(first.split()[2])
+    if not 0 < start < kill_at:
+        raise DemoFailed(
+            f"the resume was to start from a checkpoint below step {kill_at}, "
+            f"but it started at step {start}"
+        )
+    return start
 
 
 def equal(a: Any, b: Any) -> bool:
@@ -98,47 +160,57 @@ def main() -> int:
     p.add_argument("--kill-at", type=int, default=173)
     p.add_argument("--dir", default=None, help="work folder (default: a temporary one)")
     args = p.parse_args()
+    if not 10 < args.kill_at < args.steps:
+        p.error(f"--kill-at must be above 10 (the first checkpoint) and below --steps {args.steps}")
     work = Path(args.dir or tempfile.mkdtemp(prefix="checkflow-demo-"))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
 
-    url, server = start_coordinator(work / "coordinator.db")
-    print(f"coordinator: {url} (in-process)")
-    coord = ["--coordinator", url, "--job", "demo"]
+    try:
+        with coordinator(work / "coordinator.db") as url:
+            print(f"coordinator: {url} (in-process)")
+            same = demo(work, args.steps, args.kill_at, ["--coordinator", url, "--job", "demo"])
+    except DemoFailed as e:
+        print(f"demo FAILED: {e} (work folder kept: {work})", file=sys.stderr)
+        return 1
+    if not same:
+        print(f"4. MISMATCH: the resumed run differs from the uninterrupted one (kept {work})")
+        return 1
+    if args.dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
 
+
+def demo(work: Path, steps: int, kill_at: int, coord: list[str]) -> bool:
+    """Steps 1-4 of the module docstring; whether the resumed run is bitwise equal."""
     t0 = time.perf_counter()
-    subprocess.run(
-        train_cmd(str(work / "reference"), args.steps, "--out", str(work / "ref.pt")),
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    print(f"1. uninterrupted run: {args.steps} steps ({time.perf_counter() - t0:.1f} s)")
+    reference = train_cmd(str(work / "reference"), steps, "--out", str(work / "ref.pt"))
+    run(reference, "reference run", work / "reference.log")
+    print(f"1. uninterrupted run: {steps} steps ({time.perf_counter() - t0:.1f} s)")
 
-    code = run_killed(train_cmd(str(work / "ckpt"), args.steps, *coord), args.kill_at)
-    print(f"2. second run SIGKILLed after step {args.kill_at} (exit {code})")
+    killed, code = run_killed(
+        train_cmd(str(work / "ckpt"), steps, *coord), kill_at, work / "killed.log"
+    )
+    print(f"2. second run killed itself with SIGKILL after step {killed} (exit {code}); committed:")
     subprocess.run([sys.executable, "-m", "checkflow.cli", "ls", str(work / "ckpt")], check=False)
 
-    out = subprocess.run(
-        train_cmd(str(work / "ckpt"), args.steps, *coord, "--out", str(work / "resumed.pt")),
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.splitlines()
-    print(f"3. resumed: {out[0]}; {out[-1]}")
-    server.should_exit = True
+    out = run(
+        train_cmd(str(work / "ckpt"), steps, *coord, "--out", str(work / "resumed.pt")),
+        "resumed run",
+        work / "resumed.log",
+    )
+    start = resumed_from(out, kill_at)
+    print(f"3. resumed from step {start} (below the kill at {kill_at}); {out[-1]}")
 
     ref = torch.load(work / "ref.pt", weights_only=False)
     resumed = torch.load(work / "resumed.pt", weights_only=False)
-    if equal(ref, resumed):
-        print(
-            f"4. finished: final loss {resumed['loss']:.6f}; parameters, optimizer, scheduler "
-            "and data position are bitwise equal to the uninterrupted run"
-        )
-        if args.dir is None:
-            shutil.rmtree(work, ignore_errors=True)
-        return 0
-    print(f"4. MISMATCH: the resumed run differs from the uninterrupted one (kept {work})")
-    return 1
+    if not equal(ref, resumed):
+        return False
+    print(
+        f"4. finished: final loss {resumed['loss']:.6f}; parameters, optimizer, scheduler "
+        "and data position are bitwise equal to the uninterrupted run"
+    )
+    return True
 
 
 if __name__ == "__main__":

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +376,67 @@ def test_verify_on_s3_through_storage_options(s3_uri: Any, tmp_path: Path) -> No
         f"step {s}" for s in range(1, STEPS + 1)
     ]
     assert verify.stdout.count(": OK (") == STEPS
+
+
+_AWS_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+_AWS_CREDENTIALS += ("AWS_PROFILE", "AWS_DEFAULT_PROFILE")
+
+
+@pytest.mark.s3
+def test_verify_without_credentials_exits_2_with_one_line_and_no_retry(s3_endpoint: str) -> None:
+    # The command a new user ran: no keys anywhere (conftest points the AWS config and
+    # credentials files at /dev/null), a real endpoint. It used to retry 5 times, warning.
+    env = {k: v for k, v in os.environ.items() if k not in _AWS_CREDENTIALS}
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == os.devnull and env["AWS_ENDPOINT_URL_S3"]
+
+    res = run_cli("verify", "s3://nobucket/x", env=env)
+
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines() == [
+        "checkflow: error: stat s3://nobucket/x failed: no credentials found (Unable to locate "
+        "credentials); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
+        "the storage options key=... and secret=..."
+    ]
+    assert res.stdout == ""
+
+
+@pytest.mark.s3
+def test_a_missing_bucket_exits_2_at_once_with_one_line_naming_it(
+    s3_fault_proxy: Any, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In-process, so that the clock measures the command and not an interpreter importing
+    # torch; through a proxy that fails nothing, to see every request that went out.
+    import fsspec
+
+    from checkflow.cli import main
+
+    bucket = f"checkflow-missing-{uuid.uuid4().hex[:8]}"
+    flags = [
+        "--storage-option=key=testing",
+        "--storage-option=secret=testing",
+        f"--storage-option=client_kwargs.endpoint_url={s3_fault_proxy.endpoint}",
+        "--storage-option=client_kwargs.region_name=us-east-1",
+    ]
+    retry_schedule_s = 0.1 + 0.2 + 0.4 + 0.8  # Storage's default backoff over 5 attempts
+    # The S3 client the command will use (fsspec caches it by these options) is made now:
+    # parsing botocore's service model takes up to a second here and is not what is timed.
+    fsspec.filesystem("s3", **parse_storage_options([f.split("=", 1)[1] for f in flags])).connect()
+
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="checkflow.storage"):
+        code = main(["verify", f"s3://{bucket}/run", *flags])
+    elapsed = time.monotonic() - began
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines() == [
+        f"checkflow: error: stat s3://{bucket}/run failed: bucket {bucket!r} does not exist; "
+        "create it, or fix the bucket name in the URI"
+    ]
+    assert [r for r in caplog.records if r.name == "checkflow.storage"] == []
+    sent = [(method, path) for method, path, _ in s3_fault_proxy.log]
+    assert sent and len(sent) == len(set(sent))  # no request was repeated
+    assert elapsed < 1.0 < retry_schedule_s
 
 
 # -- in-process units --------------------------------------------------------------------------
