@@ -82,6 +82,10 @@ class Checkpointer:
         full_every: with incremental codecs, a full checkpoint at least every N deltas.
         storage_options: passed to fsspec (credentials, endpoint).
         token: bearer token for the coordinator.
+        allow_pickle: store state values that are not data (see ``checkflow.objects``:
+            None, bool, int, float, str, bytes, lists, tuples, dicts, tensors, numpy
+            arrays) as pickles instead of refusing them at the first checkpoint. Loading
+            such a checkpoint then needs ``trust=True``, since unpickling runs code.
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -103,6 +107,7 @@ class Checkpointer:
         full_every: int = 10,
         storage_options: dict[str, Any] | None = None,
         token: str | None = None,
+        allow_pickle: bool = False,
     ) -> None:
         if every != "auto" and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
             raise ValueError(f"every must be a positive int or 'auto', got {every!r}")
@@ -121,6 +126,7 @@ class Checkpointer:
         self.keep = keep
         self.rng = rng
         self.full_every = full_every
+        self.allow_pickle = allow_pickle
         self.codecs = CodecRules(codec)
         self.storage = Storage(uri, storage_options=storage_options)
         self.group = distributed.resolve_group(process_group)
@@ -174,6 +180,7 @@ class Checkpointer:
             keep=self.keep,
             full_every=self.full_every,
             on_persisted=self._on_persisted,
+            allow_pickle=self.allow_pickle,
         )
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
@@ -226,14 +233,23 @@ class Checkpointer:
         self._client.start()
 
     # -- restore ---------------------------------------------------------------------------
-    def restore(self, step: int | None = None) -> int:
+    def restore(self, step: int | None = None, *, trust: bool = False) -> int:
         """Load the newest committed checkpoint (or ``step``) into the state objects.
 
         A checkpoint that fails verification is skipped with a warning and the next older
         one is tried. With a coordinator, its restore point is the default.
 
+        Args:
+            step: the checkpoint to load (default: the newest, or the coordinator's).
+            trust: unpickle objects stored as pickles (``allow_pickle=True``, or a
+                checkpoint written before objects were stored as data). Unpickling runs
+                code from the checkpoint: only for checkpoints whose writer you trust.
+
         Returns:
             The number of completed steps of the restored checkpoint; 0 when there is none.
+
+        Raises:
+            UntrustedCheckpointError: an object is a pickle and ``trust`` is False.
         """
         self.open()
         if step is None and self._registration is not None:
@@ -245,7 +261,7 @@ class Checkpointer:
                     f"no committed checkpoint at step {step} in {self.storage.uri}"
                 )
             steps = [s for s in steps if s <= step]
-        reader = CheckpointReader(self.storage)
+        reader = CheckpointReader(self.storage, trust=trust)
         live = distributed.live_state(self.state)
         for candidate in steps:
             try:
@@ -360,7 +376,7 @@ class Checkpointer:
             while self._persist.busy:
                 time.sleep(0.001)
         t0 = time.perf_counter()
-        flat = flatten(self.state, rng=self.rng)
+        flat = flatten(self.state, rng=self.rng, allow_pickle=self.allow_pickle)
         flat.skeleton[META_KEY] = {"step": self._step}
         shards = distributed.prepare_snapshot(
             flat,

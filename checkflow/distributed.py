@@ -351,7 +351,7 @@ def live_layouts(state: Mapping[str, Any]) -> dict[str, Layout]:
 
     out: dict[str, Layout] = {}
     t: Any
-    for fqn, t in flatten(state).tensors.items():
+    for fqn, t in flatten(state, allow_pickle=True).tensors.items():  # nothing is stored
         if _is_dtensor(t):
             out[fqn] = Layout(t.device_mesh, tuple(t.placements), tuple(t.shape))
     for name, obj in state.items():
