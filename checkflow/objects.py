@@ -63,7 +63,7 @@ class OpaqueObject:
     nbytes: int
 
     def __repr__(self) -> str:
-        return f"<pickled {self.type_name}, {self.nbytes} bytes>"
+        return f"<{self.nbytes}-byte pickle of {self.type_name}>"
 
 
 class UnstorableObjectError(TypeError):
