@@ -303,3 +303,27 @@ def test_an_older_checkpoint_loads_only_with_trust_and_resaving_it_stores_data(
     _, raw = object_entry(root, STEPS + 1)
     assert raw["objects"][0]["encoding"] == mf.OBJECTS_TREE
     assert_bitwise_equal(state["model"].state_dict(), load(str(root))["model"], "model")
+
+
+# -- cross-rank records ---------------------------------------------------------------------------
+def test_rank_records_cross_the_store_as_json_not_pickle(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from checkflow.distributed import LocalState, RankSync
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    store.set_timeout(timedelta(seconds=20))  # a missing key fails fast
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        sync = RankSync(dist.group.WORLD, "memory://run")
+        local = LocalState(replicated={"model.w": torch.zeros(4)})
+        agreed = sync.agree(busy=False, interval=7, local=local)
+        raw = sync.store  # the job's store, under this checkpointer's prefix
+        record = json.loads(raw.get("round/1/0"))
+        assert record[:2] == [False, 7] and record[3] == 0
+        assert json.loads(raw.get(f"holdings/{record[2]}")) == {"model.w": 16}
+        assert agreed.go and agreed.interval == 7 and agreed.writers == {"model.w": 0}
+    finally:
+        dist.destroy_process_group()
