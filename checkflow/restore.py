@@ -242,15 +242,15 @@ class CheckpointReader:
         data = self._read_checked(
             step, rank, obj.fqn, obj.file, obj.byte_offset, obj.nbytes, obj.checksum
         )
-        return self._decode_objects(step, rank, obj, data, opaque)
+        return self._decode_objects(step, rank, obj, data, trust=self.trust, opaque=opaque)
 
     def _decode_objects(
-        self, step: int, rank: int, obj: mf.ObjectEntry, data: Buffer, opaque: bool
+        self, step: int, rank: int, obj: mf.ObjectEntry, data: Buffer, *, trust: bool, opaque: bool
     ) -> Any:
         where = f"step {step} in {self.storage.uri}, rank {rank}"
         if obj.encoding == mf.OBJECTS_TREE:
             try:
-                return objects.decode(data, trust=self.trust, opaque=opaque)
+                return objects.decode(data, trust=trust, opaque=opaque)
             except objects.PickleRefusedError as e:
                 raise UntrustedCheckpointError(
                     f"{where}: object {e.path!r} ({e.type_name}) was saved as a pickle "
@@ -263,10 +263,10 @@ class CheckpointReader:
                 f"{where}: objects have encoding {obj.encoding!r:.40}, unknown to this "
                 "checkflow; upgrade checkflow to read them"
             )
-        if self.trust:
+        if trust:
             return _unpickle(data, step, rank, obj)
         if opaque:
-            return objects.OpaqueObject("torch.save pickle of every object", len(data))
+            return objects.OpaqueObject("all objects (older checkflow)", len(data))
         raise UntrustedCheckpointError(
             f"{where} was written by a checkflow that stored the non-tensor state (RNG, "
             f"step, optimizer settings) as a pickle; {_HOW_TO_TRUST}. Checkpoints saved "
@@ -346,8 +346,8 @@ class CheckpointReader:
                     data = self._read_checked(
                         step, rm.rank, o.fqn, o.file, o.byte_offset, o.nbytes, o.checksum
                     )
-                    # Decoded as a description: a pickle is never unpickled here.
-                    self._decode_objects(step, rm.rank, o, data, opaque=True)
+                    # Decoded as a description: verify never unpickles, even a trusting reader.
+                    self._decode_objects(step, rm.rank, o, data, trust=False, opaque=True)
                 except (CorruptCheckpointError, mf.ManifestError) as e:
                     problems.append(str(e))
             for c in rm.chunks:

@@ -140,7 +140,7 @@ def test_no_cli_verb_runs_a_crafted_pickle_and_restore_says_how_to_opt_in(
         assert code == 1 and "objects: unreadable" in out and "not valid JSON" in out
     else:
         assert code == 0, err
-        shown = "torch.save pickle of every object" if how == "legacy" else "Canary>"
+        shown = "all objects (older checkflow)" if how == "legacy" else "Canary>"
         assert "-byte pickle of" in out and shown in out
     code, out, _ = cli(capsys, "inspect", uri, "--json")
     assert code == (1 if bad else 0) and json.loads(out)["step"] == 2
