@@ -93,6 +93,10 @@ class Checkpointer:
             ``"skip"``s (the next due step tries again).
         storage_options: passed to fsspec (credentials, endpoint).
         token: bearer token for the coordinator.
+        allow_pickle: store state values that are not data (see ``checkflow.objects``:
+            None, bool, int, float, str, bytes, lists, tuples, dicts, tensors, numpy
+            arrays) as pickles instead of refusing them at the first checkpoint. Loading
+            such a checkpoint then needs ``trust=True``, since unpickling runs code.
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -115,6 +119,7 @@ class Checkpointer:
         when_busy: str = "wait",
         storage_options: dict[str, Any] | None = None,
         token: str | None = None,
+        allow_pickle: bool = False,
     ) -> None:
         if every != "auto" and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
             raise ValueError(f"every must be a positive int or 'auto', got {every!r}")
@@ -136,6 +141,7 @@ class Checkpointer:
         self.rng = rng
         self.full_every = full_every
         self.when_busy = when_busy
+        self.allow_pickle = allow_pickle
         self.codecs = CodecRules(codec)
         self.storage = Storage(uri, storage_options=storage_options)
         self.group = distributed.resolve_group(process_group)
@@ -190,6 +196,7 @@ class Checkpointer:
             full_every=self.full_every,
             on_persisted=self._on_persisted,
             on_done=self._snapshotter.release,
+            allow_pickle=self.allow_pickle,
         )
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
@@ -242,14 +249,23 @@ class Checkpointer:
         self._client.start()
 
     # -- restore ---------------------------------------------------------------------------
-    def restore(self, step: int | None = None) -> int:
+    def restore(self, step: int | None = None, *, trust: bool = False) -> int:
         """Load the newest committed checkpoint (or ``step``) into the state objects.
 
         A checkpoint that fails verification is skipped with a warning and the next older
         one is tried. With a coordinator, its restore point is the default.
 
+        Args:
+            step: the checkpoint to load (default: the newest, or the coordinator's).
+            trust: unpickle objects stored as pickles (``allow_pickle=True``, or a
+                checkpoint written before objects were stored as data). Unpickling runs
+                code from the checkpoint: only for checkpoints whose writer you trust.
+
         Returns:
             The number of completed steps of the restored checkpoint; 0 when there is none.
+
+        Raises:
+            UntrustedCheckpointError: an object is a pickle and ``trust`` is False.
         """
         self.open()
         if step is None and self._registration is not None:
@@ -261,7 +277,7 @@ class Checkpointer:
                     f"no committed checkpoint at step {step} in {self.storage.uri}"
                 )
             steps = [s for s in steps if s <= step]
-        reader = CheckpointReader(self.storage)
+        reader = CheckpointReader(self.storage, trust=trust)
         live = distributed.live_state(self.state)
         for candidate in steps:
             try:
@@ -375,7 +391,7 @@ class Checkpointer:
         if busy and self._sync is None:
             self._count_skip("the previous persists are still running")
             return None
-        flat = flatten(self.state, rng=self.rng)
+        flat = flatten(self.state, rng=self.rng, allow_pickle=self.allow_pickle)
         flat.skeleton[META_KEY] = {"step": self._step}
         shards = distributed.prepare_snapshot(
             flat,

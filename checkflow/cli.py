@@ -79,6 +79,7 @@ def _explain(e: Exception, args: argparse.Namespace) -> tuple[int | None, str]:
     ManifestError = _loaded("checkflow.manifest", "ManifestError")
     CorruptCheckpointError = _loaded("checkflow.restore", "CorruptCheckpointError")
     NoCheckpointError = _loaded("checkflow.restore", "NoCheckpointError")
+    UntrustedCheckpointError = _loaded("checkflow.restore", "UntrustedCheckpointError")
     StorageError = _loaded("checkflow.storage", "StorageError")
     StorageAccessError = _loaded("checkflow.storage", "StorageAccessError")
     uri = getattr(args, "uri", None) or "URI"
@@ -89,6 +90,8 @@ def _explain(e: Exception, args: argparse.Namespace) -> tuple[int | None, str]:
             f"checkpoint is damaged: {e}; run 'checkflow verify {uri} --all' "
             "and restore an older step with --step"
         )
+    if isinstance(e, UntrustedCheckpointError):
+        return EXIT_USAGE, str(e)  # it says how to opt in
     if isinstance(e, NoCheckpointError):
         return EXIT_USAGE, f"{e}; check the URI or run 'checkflow ls {uri}'"
     if isinstance(e, ManifestError):
@@ -216,6 +219,12 @@ def _add_restore_parser(sub: Any, progress: argparse.ArgumentParser) -> None:
         help="torch/safetensors: one file; dcp: a PyTorch Distributed Checkpoint folder",
     )
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument(
+        "--trust",
+        action="store_true",
+        help="unpickle objects stored as pickles (saved with allow_pickle=True, or by an "
+        "older checkflow); this runs code from the checkpoint: only for one you trust",
+    )
     p.add_argument("--coordinator", metavar="URL", help="roll the job back through it")
     p.add_argument("--job", help="the job's name on the coordinator")
     p.add_argument(
@@ -428,6 +437,8 @@ def object_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
 
     if isinstance(value, TensorRef):
         return
+    if not prefix and not isinstance(value, Mapping):
+        prefix = "*"  # one opaque pickle of every object (an older checkpoint)
     if isinstance(value, Mapping):
         for k, v in value.items():
             yield from object_leaves(v, f"{prefix}.{k}" if prefix else str(k))
@@ -458,7 +469,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     g = reader.manifest(step)
     tensors = summarize_tensors(reader.rank_manifests(step))
     try:
-        objects = list(object_leaves(reader.skeleton(step, 0)))
+        # Opaque: inspect describes pickled objects (type, size) and never unpickles them.
+        objects = list(object_leaves(reader.skeleton(step, 0, opaque=True)))
         objects_error = None
     except CorruptCheckpointError as e:
         objects, objects_error = [], str(e)
@@ -594,7 +606,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     storage = open_root(args)
     step = resolve_step(storage, args.step)
-    reader = CheckpointReader(storage)
+    reader = CheckpointReader(storage, trust=args.trust)
     g = reader.manifest(step)
     with ProgressBar(g.nbytes, f"restore step {step}", enabled=args.progress) as bar:
         reader.progress = bar
@@ -623,7 +635,7 @@ def _restore_dcp(args: argparse.Namespace, out: str) -> int:
 
     step = resolve_step(open_root(args), args.step)
     options = parse_storage_options(args.storage_options)
-    written = export_dcp(args.uri, step, out, storage_options=options)
+    written = export_dcp(args.uri, step, out, storage_options=options, trust=args.trust)
     print(f"restored step {written} from {args.uri} to {out} (dcp)")
     return EXIT_OK
 
@@ -693,7 +705,7 @@ def _safetensors_writer(reader: Any, step: int, uri: str) -> Callable[[str], Non
         "checkflow.source": uri,
         "checkflow.kind": g.kind,
         "checkflow.world_size": str(g.world_size),
-        "checkflow.skeleton": json.dumps(jsonable(reader.skeleton(step, 0))),
+        "checkflow.skeleton": json.dumps(jsonable(reader.skeleton(step, 0, opaque=True))),
     }
 
     def write(path: str) -> None:

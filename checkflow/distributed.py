@@ -26,9 +26,9 @@ unit that is checksummed, so sub-ranges are never read), and copies the overlap.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
-import pickle
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -222,6 +222,17 @@ class Agreement:
     """Writer rank of each replicated tensor."""
 
 
+def _to_json(value: Any) -> bytes:
+    # Records cross ranks through the store as JSON, never pickle: whoever can write to the
+    # job's store must not be able to run code in every rank. Sorted keys: same bytes, same
+    # digest on every rank.
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _from_json(data: bytes) -> Any:
+    return json.loads(data)
+
+
 class RankSync:
     """Cross-rank agreement of one ``Checkpointer`` through the job's c10d store.
 
@@ -249,14 +260,15 @@ class RankSync:
         """Publish this rank's record for the next checkpoint and read every rank's."""
         self._round += 1
         holdings = local.holdings
-        digest = hashlib.sha1(pickle.dumps(sorted(holdings.items()))).hexdigest()[:16]
+        encoded = _to_json(holdings)
+        digest = hashlib.sha1(encoded).hexdigest()[:16]
         if digest not in self._known:
-            self.store.set(f"holdings/{digest}", pickle.dumps(holdings))  # type: ignore[arg-type]
+            self.store.set(f"holdings/{digest}", encoded)  # type: ignore[arg-type]
             self._known[digest] = holdings
-        record = (busy, interval, digest, local.shard_bytes)
-        self.store.set(f"round/{self._round}/{self.rank}", pickle.dumps(record))  # type: ignore[arg-type]
+        record = [busy, interval, digest, local.shard_bytes]
+        self.store.set(f"round/{self._round}/{self.rank}", _to_json(record))  # type: ignore[arg-type]
         records = [
-            pickle.loads(self.store.get(f"round/{self._round}/{r}")) for r in range(self.world_size)
+            _from_json(self.store.get(f"round/{self._round}/{r}")) for r in range(self.world_size)
         ]
         if self._round > 2 and self.rank == 0:
             # Old rounds are read by everyone by now (each rank read them to get here).
@@ -278,7 +290,7 @@ class RankSync:
         sizes: dict[str, int] = {}
         for rank, digest in enumerate(digests):
             if digest not in self._known:
-                self._known[digest] = pickle.loads(self.store.get(f"holdings/{digest}"))
+                self._known[digest] = _from_json(self.store.get(f"holdings/{digest}"))
             for fqn, nbytes in self._known[digest].items():
                 holders.setdefault(fqn, []).append(rank)
                 sizes[fqn] = nbytes
@@ -351,7 +363,7 @@ def live_layouts(state: Mapping[str, Any]) -> dict[str, Layout]:
 
     out: dict[str, Layout] = {}
     t: Any
-    for fqn, t in flatten(state).tensors.items():
+    for fqn, t in flatten(state, allow_pickle=True).tensors.items():  # nothing is stored
         if _is_dtensor(t):
             out[fqn] = Layout(t.device_mesh, tuple(t.placements), tuple(t.shape))
     for name, obj in state.items():

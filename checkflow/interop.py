@@ -35,17 +35,20 @@ def export_dcp(
     out_dir: str | Path,
     *,
     storage_options: dict[str, Any] | None = None,
+    trust: bool = False,
 ) -> int:
     """Write checkpoint ``step`` (the newest when None) of ``uri`` as DCP into ``out_dir``.
 
     Per-rank state (RNG) is left out: DCP has no per-rank values. Returns the step written.
+    ``trust`` is ``load``'s: unpickle objects stored as pickles.
 
     Raises:
         NoCheckpointError: nothing is committed (at ``step``).
+        UntrustedCheckpointError: an object is a pickle and ``trust`` is False.
     """
     import torch.distributed.checkpoint as dcp
 
-    state = load(uri, step, storage_options=storage_options)
+    state = load(uri, step, storage_options=storage_options, trust=trust)
     meta = state.pop(_META_KEY, {})
     state.pop(_RNG_KEY, None)
     written = int(meta.get("step", step or 0))

@@ -22,6 +22,12 @@ from typing import Any
 
 FORMAT_VERSION = 1
 MANIFEST = "MANIFEST.json"
+OBJECTS_TREE = "tree-json"
+"""``ObjectEntry.encoding`` of objects stored as a typed JSON tree (``checkflow.objects``):
+data, read without running code."""
+OBJECTS_TORCH_PICKLE = "torch-pickle"
+"""Objects stored by ``torch.save``: what format-1 checkpoints written before the
+``encoding`` field held. Reading them unpickles, which needs the reader's trust."""
 STEP_PREFIX = "step-"
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
 
@@ -89,6 +95,9 @@ class ObjectEntry:
     byte_offset: int
     nbytes: int
     checksum: str
+    encoding: str = OBJECTS_TORCH_PICKLE
+    """How the bytes encode the objects: ``tree-json`` (data) or ``torch-pickle``. Absent
+    in checkpoints written before the field existed, whose objects are pickles."""
 
 
 @dataclass(kw_only=True, slots=True)

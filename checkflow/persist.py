@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import xxhash
 
-from checkflow import knobs
+from checkflow import knobs, objects
 from checkflow import manifest as mf
 from checkflow.catalog import apply_retention
 from checkflow.codec import CodecRules, get_codec
@@ -130,6 +130,8 @@ class PersistWorker:
             to more than this fraction of it.
         on_persisted: called on this thread with each ``RankResult`` (reports, stats).
         on_done: called with the snapshot when its buffers may be reused.
+        allow_pickle: store objects that are not data (``checkflow.objects``) as pickles
+            instead of failing the checkpoint.
     """
 
     def __init__(
@@ -146,6 +148,7 @@ class PersistWorker:
         on_persisted: Callable[[RankResult], None] | None = None,
         on_done: Callable[[Snapshot], None] | None = None,
         meta: Callable[[], dict[str, Any]] | None = None,
+        allow_pickle: bool = False,
     ) -> None:
         self.storage = storage
         self.rank = rank
@@ -158,6 +161,7 @@ class PersistWorker:
         self.on_persisted = on_persisted
         self.on_done = on_done
         self.meta = meta
+        self.allow_pickle = allow_pickle
         self.stats = PersistStats()
         self._queue: queue.Queue[PersistJob | None] = queue.Queue()
         self._in_flight = 0
@@ -242,6 +246,8 @@ class PersistWorker:
         snap = job.snapshot
         t0 = time.perf_counter()
         full = self._want_full(job)
+        # Encoded first: state that cannot be stored fails the checkpoint before any write.
+        stored = objects.encode(snap.skeleton, allow_pickle=self.allow_pickle)
         folder = mf.step_dir(snap.step)
         writer = _DataFileWriter(self.storage, folder, self.rank)
         new_refs: dict[tuple[str, int], Any] = {}
@@ -249,7 +255,7 @@ class PersistWorker:
         for fqn, tensor in snap.tensors.items():
             shard = (job.shards or {}).get(fqn)
             chunks.extend(self._encode_tensor(fqn, tensor, writer, full, new_refs, shard))
-        objects = [writer.add_object("skeleton", _pickle(snap.skeleton))]
+        entries = [writer.add_object("skeleton", stored)]
         writer.flush()
         rank_manifest = mf.RankManifest(
             step=snap.step,
@@ -257,7 +263,7 @@ class PersistWorker:
             world_size=self.world_size,
             created=time.time(),
             chunks=chunks,
-            objects=objects,
+            objects=entries,
             nbytes=writer.total,
         )
         manifest_path = f"{folder}/{mf.rank_manifest_name(self.rank)}"
@@ -370,6 +376,7 @@ class _DataFileWriter:
             byte_offset=offset,
             nbytes=len(payload),
             checksum=checksum([payload]),
+            encoding=mf.OBJECTS_TREE,
         )
 
     def flush(self) -> None:
@@ -379,14 +386,6 @@ class _DataFileWriter:
         self.parts = []
         self.size = 0
         self.index += 1
-
-
-def _pickle(obj: Any) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
 
 
 def write_commit(

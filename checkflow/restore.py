@@ -3,6 +3,11 @@
 A step is readable only once its ``MANIFEST.json`` exists. Every chunk read is checked
 against its checksum before it is decoded; a mismatch raises ``CorruptCheckpointError``
 naming the step, rank, tensor and file.
+
+Reading never runs code from the checkpoint unless the caller passes ``trust=True``: the
+objects are a JSON tree (``checkflow.objects``), and the two things that are pickles (an
+object saved with ``allow_pickle=True``, and every object of a checkpoint written before
+objects were stored as data) raise ``UntrustedCheckpointError`` without it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 import torch
 import xxhash
 
-from checkflow import knobs
+from checkflow import knobs, objects
 from checkflow import manifest as mf
 from checkflow.catalog import committed_steps
 from checkflow.codec import get_codec
@@ -44,6 +49,20 @@ class CorruptCheckpointError(RuntimeError):
     def __init__(self, step: int, rank: int, fqn: str, file: str, problem: str) -> None:
         self.step, self.rank, self.fqn, self.file = step, rank, fqn, file
         super().__init__(f"step {step}, rank {rank}, tensor {fqn!r}, file {file}: {problem}")
+
+
+_HOW_TO_TRUST = (
+    "unpickling runs code from the checkpoint: if you trust whoever wrote it, pass "
+    "trust=True to load() or Checkpointer.restore(), or --trust to 'checkflow restore'"
+)
+
+
+class UntrustedCheckpointError(RuntimeError):
+    """Reading would unpickle an object and the caller did not pass ``trust=True``.
+
+    Not a reason to fall back to an older checkpoint: the older ones were written the same
+    way, and starting over silently would lose the run.
+    """
 
 
 RESTORE_ERRORS = (
@@ -90,11 +109,20 @@ def list_checkpoints(
 
 
 class CheckpointReader:
-    """Reads one checkpoint root; caches manifests; follows delta chains."""
+    """Reads one checkpoint root; caches manifests; follows delta chains.
 
-    def __init__(self, storage: Storage, progress: Progress | None = None) -> None:
+    Args:
+        storage: the checkpoint root.
+        progress: called with the bytes of each read.
+        trust: unpickle objects stored as pickles (runs code from the checkpoint).
+    """
+
+    def __init__(
+        self, storage: Storage, progress: Progress | None = None, *, trust: bool = False
+    ) -> None:
         self.storage = storage
         self.progress = progress
+        self.trust = trust
         self._globals: dict[int, mf.GlobalManifest] = {}
         self._ranks: dict[tuple[int, int], mf.RankManifest] = {}
 
@@ -193,7 +221,18 @@ class CheckpointReader:
             "the base of a delta has no matching chunk",
         )
 
-    def skeleton(self, step: int, rank: int = 0) -> dict[str, Any]:
+    def skeleton(self, step: int, rank: int = 0, *, opaque: bool = False) -> Any:
+        """``rank``'s ``{name: state_dict}`` with ``TensorRef`` leaves.
+
+        Args:
+            opaque: without ``trust``, show pickled objects as ``objects.OpaqueObject``
+                (a checkpoint written before objects were data: the whole skeleton)
+                instead of raising; for tools that describe a checkpoint.
+
+        Raises:
+            UntrustedCheckpointError: an object is a pickle, and neither trust nor opaque.
+            CorruptCheckpointError: the objects fail their checksum or do not decode.
+        """
         rm = self.rank_manifest(step, rank)
         obj = next((o for o in rm.objects if o.fqn == "skeleton"), None)
         if obj is None:
@@ -203,7 +242,36 @@ class CheckpointReader:
         data = self._read_checked(
             step, rank, obj.fqn, obj.file, obj.byte_offset, obj.nbytes, obj.checksum
         )
-        return torch.load(io.BytesIO(data), weights_only=False)
+        return self._decode_objects(step, rank, obj, data, trust=self.trust, opaque=opaque)
+
+    def _decode_objects(
+        self, step: int, rank: int, obj: mf.ObjectEntry, data: Buffer, *, trust: bool, opaque: bool
+    ) -> Any:
+        where = f"step {step} in {self.storage.uri}, rank {rank}"
+        if obj.encoding == mf.OBJECTS_TREE:
+            try:
+                return objects.decode(data, trust=trust, opaque=opaque)
+            except objects.PickleRefusedError as e:
+                raise UntrustedCheckpointError(
+                    f"{where}: object {e.path!r} ({e.type_name}) was saved as a pickle "
+                    f"(allow_pickle=True); {_HOW_TO_TRUST}"
+                ) from None
+            except objects.ObjectFormatError as e:
+                raise CorruptCheckpointError(step, rank, obj.fqn, obj.file, str(e)) from e
+        if obj.encoding != mf.OBJECTS_TORCH_PICKLE:
+            raise mf.ManifestError(
+                f"{where}: objects have encoding {obj.encoding!r:.40}, unknown to this "
+                "checkflow; upgrade checkflow to read them"
+            )
+        if trust:
+            return _unpickle(data, step, rank, obj)
+        if opaque:
+            return objects.OpaqueObject("all objects (older checkflow)", len(data))
+        raise UntrustedCheckpointError(
+            f"{where} was written by a checkflow that stored the non-tensor state (RNG, "
+            f"step, optimizer settings) as a pickle; {_HOW_TO_TRUST}. Checkpoints saved "
+            "after that restore store it as data"
+        )
 
     # -- tensors ---------------------------------------------------------------------------
     def tensors(self, step: int, fqns: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
@@ -275,10 +343,12 @@ class CheckpointReader:
         for rm in ranks:
             for o in rm.objects:
                 try:
-                    self._read_checked(
+                    data = self._read_checked(
                         step, rm.rank, o.fqn, o.file, o.byte_offset, o.nbytes, o.checksum
                     )
-                except CorruptCheckpointError as e:
+                    # Decoded as a description: verify never unpickles, even a trusting reader.
+                    self._decode_objects(step, rm.rank, o, data, trust=False, opaque=True)
+                except (CorruptCheckpointError, mf.ManifestError) as e:
                     problems.append(str(e))
             for c in rm.chunks:
                 try:
@@ -286,6 +356,14 @@ class CheckpointReader:
                 except CorruptCheckpointError as e:
                     problems.append(str(e))
         return problems
+
+
+def _unpickle(data: Buffer, step: int, rank: int, obj: mf.ObjectEntry) -> Any:
+    try:
+        # Only with the caller's trust: this runs whatever code the pickle names.
+        return torch.load(io.BytesIO(data), weights_only=False)
+    except Exception as e:  # unpickling raises anything; the location matters more
+        raise CorruptCheckpointError(step, rank, obj.fqn, obj.file, f"cannot unpickle: {e}") from e
 
 
 def resolve_step(storage: Storage, step: int | None) -> int:
@@ -313,15 +391,22 @@ def load(
     *,
     storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    trust: bool = False,
 ) -> dict[str, Any]:
     """``{name: state_dict}`` of a checkpoint, consolidated on CPU; the newest by default.
+
+    Args:
+        trust: unpickle objects stored as pickles (saved with ``allow_pickle=True``, or by
+            a checkflow older than objects stored as data). Unpickling runs code from the
+            checkpoint: only for checkpoints whose writer you trust.
 
     Raises:
         NoCheckpointError: nothing is committed (at ``step``).
         CorruptCheckpointError: a chunk fails its checksum or cannot be decoded.
+        UntrustedCheckpointError: an object is a pickle and ``trust`` is False.
     """
     storage = open_storage(uri, storage_options)
-    reader = CheckpointReader(storage, progress)
+    reader = CheckpointReader(storage, progress, trust=trust)
     from checkflow.distributed import consolidated_state_dicts
 
     # Pipeline stages each saved their own modules: the consolidated view joins them.

@@ -5,6 +5,10 @@ name (``model.layer.0.weight``, ``optim.state.0.exp_avg``). What is left, the *s
 keeps the nesting and the small non-tensor values (step counters, hyper-parameters, sampler
 positions), with ``TensorRef`` placeholders where tensors were. ``unflatten`` puts loaded
 tensors back into the skeleton, and ``load_into`` hands each state_dict to its object.
+
+The skeleton is stored as data (``checkflow.objects``), never as a pickle unless the user
+opts in: ``flatten`` refuses a value that is not data on the training thread, at the first
+checkpoint, naming where it is in the state.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from checkflow.objects import TensorRef, UnstorableObjectError, is_storable, is_storable_key
+
 log = logging.getLogger(__name__)
 
 RNG_KEY = "rng"
@@ -29,13 +35,6 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class TensorRef:
-    """Stands in a skeleton where a tensor was."""
-
-    fqn: str
 
 
 @dataclass(slots=True)
@@ -67,36 +66,51 @@ def check_state(state: Mapping[str, Any]) -> None:
             )
 
 
-def flatten(state: Mapping[str, Any], *, rng: bool = False) -> FlatState:
-    """Snapshot the structure of ``state``; tensors are referenced, not copied."""
+def flatten(
+    state: Mapping[str, Any], *, rng: bool = False, allow_pickle: bool = False
+) -> FlatState:
+    """Snapshot the structure of ``state``; tensors are referenced, not copied.
+
+    Raises:
+        UnstorableObjectError: a value is not storable as data (``checkflow.objects``) and
+            ``allow_pickle`` is False.
+    """
     tensors: dict[str, torch.Tensor] = {}
     skeleton: dict[str, Any] = {}
     for name, obj in state.items():
-        skeleton[name] = _extract(obj.state_dict(), name, tensors)
+        skeleton[name] = _extract(obj.state_dict(), name, tensors, allow_pickle)
     if rng:
-        skeleton[RNG_KEY] = _extract(rng_state(), RNG_KEY, tensors)
+        skeleton[RNG_KEY] = _extract(rng_state(), RNG_KEY, tensors, allow_pickle)
     # The skeleton's small values (scheduler lists, sampler positions) may be mutated by the
     # next training step while the persist runs; a deep copy freezes them now.
     return FlatState(tensors=tensors, skeleton=copy.deepcopy(skeleton))
 
 
-def _extract(value: Any, fqn: str, out: dict[str, torch.Tensor]) -> Any:
+def _extract(value: Any, fqn: str, out: dict[str, torch.Tensor], allow_pickle: bool) -> Any:
     if isinstance(value, torch.Tensor):
         if fqn in out:
             raise ValueError(f"two tensors map to the same name {fqn!r}")
         out[fqn] = value
         return TensorRef(fqn)
     if isinstance(value, Mapping):
-        result = OrderedDict((k, _extract(v, f"{fqn}.{k}", out)) for k, v in value.items())
+        if not allow_pickle:
+            for k in value:
+                if not is_storable_key(k):
+                    raise UnstorableObjectError(f"{fqn}.{k} (a key)", k)
+        result = OrderedDict(
+            (k, _extract(v, f"{fqn}.{k}", out, allow_pickle)) for k, v in value.items()
+        )
         # nn.Module state_dicts carry per-module versions that load_state_dict reads.
         metadata = getattr(value, "_metadata", None)
         if metadata is not None:
             result._metadata = metadata  # type: ignore[attr-defined]
         return result
     if isinstance(value, list):
-        return [_extract(v, f"{fqn}.{i}", out) for i, v in enumerate(value)]
+        return [_extract(v, f"{fqn}.{i}", out, allow_pickle) for i, v in enumerate(value)]
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_extract(v, f"{fqn}.{i}", out) for i, v in enumerate(value))
+        return tuple(_extract(v, f"{fqn}.{i}", out, allow_pickle) for i, v in enumerate(value))
+    if not allow_pickle and not is_storable(value):
+        raise UnstorableObjectError(fqn, value)
     return value
 
 
