@@ -87,14 +87,40 @@ def retention_plan(
     return sorted(wanted), sorted(delete)
 
 
-def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> list[int]:
-    """Delete checkpoints beyond the ``keep`` newest committed ones (and abandoned partial
-    folders). Returns the deleted steps. Never touches the newest committed checkpoint."""
-    cat = scan(storage)
-    _, delete = retention_plan(cat.committed, cat.folders, keep, set(cat.damaged))
-    if dry_run:
-        return delete
-    for step in delete:
+@dataclass(frozen=True, slots=True)
+class RetentionPlan:
+    """What retention keeps and deletes under one root, with the reasons, before any I/O:
+    ``checkflow gc`` prints it, :func:`apply_retention` carries it out."""
+
+    keep: list[int]
+    """Committed steps kept: the newest ``keep`` and every base they need."""
+    needed_bases: list[int]
+    """Kept steps beyond the newest ``keep``, kept only because a kept delta reads them."""
+    delete: list[int]
+    """Step folders to delete, oldest first."""
+    uncommitted: list[int]
+    """The folders of ``delete`` without a commit marker (abandoned partial writes)."""
+    damaged: dict[int, str]
+    """Folders left alone although their commit marker is unreadable: why it is."""
+
+
+def plan_retention(cat: Catalog, keep: int) -> RetentionPlan:
+    """The :class:`RetentionPlan` for keeping the ``keep`` newest committed checkpoints."""
+    kept, delete = retention_plan(cat.committed, cat.folders, keep, set(cat.damaged))
+    newest = set(sorted(cat.committed)[-keep:]) if keep else set(cat.committed)
+    return RetentionPlan(
+        keep=kept,
+        needed_bases=[s for s in kept if s not in newest],
+        delete=delete,
+        uncommitted=[s for s in delete if s not in cat.committed],
+        damaged=dict(cat.damaged),
+    )
+
+
+def delete_steps(storage: Storage, steps: list[int]) -> list[int]:
+    """Delete these step folders; returns the steps that could not be deleted (logged)."""
+    failed = []
+    for step in steps:
         try:
             # The commit marker goes first: a half-deleted checkpoint is then invisible.
             storage.delete(f"{mf.step_dir(step)}/{mf.MANIFEST}")
@@ -102,4 +128,14 @@ def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> li
         except OSError as e:
             # A failed deletion must not fail the checkpoint that triggered it.
             log.warning("could not delete %s: %s", storage.url(mf.step_dir(step)), e)
-    return delete
+            failed.append(step)
+    return failed
+
+
+def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> list[int]:
+    """Delete checkpoints beyond the ``keep`` newest committed ones (and abandoned partial
+    folders). Returns the deleted steps. Never touches the newest committed checkpoint."""
+    plan = plan_retention(scan(storage), keep)
+    if not dry_run:
+        delete_steps(storage, plan.delete)
+    return plan.delete

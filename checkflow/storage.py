@@ -310,20 +310,14 @@ class Storage:
             # One PUT: object stores make a whole object visible at once.
             self.fs.pipe_file(target, b"".join(parts))
             return
-        folder = os.path.dirname(target)
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".{os.path.basename(target)}.tmp-{uuid.uuid4().hex[:12]}")
-        try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+
+        def write(tmp: str) -> None:
             with open(tmp, "wb") as f:
                 for p in parts:
                     f.write(p)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            _remove_quietly(tmp)
-            raise
-        fsync_dir(folder)
+
+        write_file_atomic(target, write)
 
     # -- reads ---------------------------------------------------------------------------
     def read(self, relpath: str, start: int = 0, end: int | None = None) -> bytearray:
@@ -552,6 +546,51 @@ def _byte_view(part: Buffer, index: int) -> memoryview:
         return memoryview(part).cast("B")
     except TypeError as e:
         raise ValueError(f"part {index} is not a contiguous buffer: {e}") from e
+
+
+def write_file_atomic(target: str, write: Callable[[str], None], *, replace: bool = True) -> None:
+    """Make a local file appear whole or not at all: ``write(tmp)`` fills a temporary file
+    next to ``target``, which is fsynced and moved into place, then the folder is fsynced.
+
+    ``write`` gets a path rather than a file object because writers such as
+    ``safetensors.save_file`` only take paths. A crash leaves at most a hidden
+    ``.<name>.tmp-*`` file, never a partial ``target``.
+
+    Args:
+        target: the local file to create or replace; its folder must exist.
+        write: fills the file at the path it is given.
+        replace: replace an existing ``target``. When False an existing (or concurrently
+            created) ``target`` is left untouched: a hard link is an atomic
+            create-if-absent.
+
+    Raises:
+        FileExistsError: ``replace`` is False and ``target`` exists.
+    """
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # the data is durable before any name points at it
+        if replace:
+            os.replace(tmp, target)
+        else:
+            _link_no_clobber(tmp, target)
+    finally:
+        _remove_quietly(tmp)  # renamed away already, or a hard link's second name
+    fsync_dir(folder)
+
+
+def _link_no_clobber(tmp: str, target: str) -> None:
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise
+    except OSError:
+        # Some filesystems have no hard links; fall back to check-then-rename.
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, "file exists", target) from None
+        os.replace(tmp, target)
 
 
 def fsync_dir(folder: str) -> None:
