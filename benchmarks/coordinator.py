@@ -34,11 +34,7 @@ import httpx
 TOKEN = "bench"
 TIMEOUT_S = 3.0
 """Heartbeat timeout of the benchmark jobs: silent ranks must be found within 4 s."""
-SERVE = (
-    "import argparse, sys; from checkflow.cli_coordinator import add_serve_parser; "
-    "p = argparse.ArgumentParser(); add_serve_parser(p.add_subparsers()); "
-    "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
-)
+SERVE = "import sys; from checkflow.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass

@@ -15,11 +15,7 @@ import httpx
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-SERVE = (
-    "import argparse, sys; from checkflow.cli_coordinator import add_serve_parser; "
-    "p = argparse.ArgumentParser(); add_serve_parser(p.add_subparsers()); "
-    "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
-)
+SERVE = "import sys; from checkflow.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def free_port() -> int:

@@ -128,33 +128,30 @@ def test_sigkilled_coordinator_restarts_with_everything_and_ranks_carry_on(
 def test_status_and_roll_back_commands(
     server: ServerProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from checkflow.cli_coordinator import add_status_parser, roll_back
+    from checkflow.cli import main
 
     ranks = [
         start_rank(server.url, "cli", r, 2, "--steps", "20", "--step-time", "0.02")
         for r in range(2)
     ]
     finish(ranks)
-    import argparse
 
-    parser = argparse.ArgumentParser()
-    add_status_parser(parser.add_subparsers())
-    args = parser.parse_args(["status", server.url, "cli", "--token", server.token or ""])
-    assert args.func(args) == 0
+    assert main(["status", server.url, "cli", "--token", server.token or ""]) == 0
     out = capsys.readouterr().out
     assert "RANK" in out and "committed" in out and "job_created" in out
-    assert roll_back(server.url, "cli", 10, server.token) == 0
+    roll_back = ["restore", "--coordinator", server.url, "--job", "cli", "--step"]
+    assert main([*roll_back, "10", "--token", server.token or ""]) == 0
     assert "rolled back to step 10" in capsys.readouterr().out
-    assert roll_back(server.url, "cli", 15, server.token) == 1
+    assert main([*roll_back, "15", "--token", server.token or ""]) == 1
     assert "not found" in capsys.readouterr().err
-    assert roll_back(server.url, "cli", 10, "wrong") == 1
+    assert main([*roll_back, "10", "--token", "wrong"]) == 1
     assert "token" in capsys.readouterr().err
 
 
 def test_status_without_a_coordinator_says_what_to_do(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from checkflow.cli_coordinator import roll_back
+    from checkflow.cli import main
 
-    assert roll_back("http://127.0.0.1:9", "j", None, None) == 1
+    assert main(["restore", "--coordinator", "http://127.0.0.1:9", "--job", "j"]) == 1
     assert "is `checkflow serve` running" in capsys.readouterr().err

@@ -1,0 +1,72 @@
+"""``checkflow gc URI --keep N``: delete all but the newest N committed checkpoints.
+
+It prints the library's retention plan (``catalog.plan_retention``), the same one the
+``Checkpointer``'s ``keep=`` carries out: bases a kept delta reads stay, uncommitted folders
+above the newest commit (perhaps still being written) stay, damaged ones stay.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from checkflow.cli.arguments import Command, add_uri, open_root
+from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError, fmt_steps, human_bytes, line
+
+if TYPE_CHECKING:
+    from checkflow.catalog import Catalog, RetentionPlan
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_uri(parser)
+    parser.add_argument("--keep", type=int, required=True, metavar="N", help="checkpoints to keep")
+    parser.add_argument("--dry-run", action="store_true", help="only print what would be deleted")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan, carry it out unless ``--dry-run``; exit 1 if a deletion failed."""
+    if args.keep < 1:
+        raise CliError(
+            f"--keep must be at least 1 (got {args.keep}); gc keeps the newest checkpoints, "
+            "to delete a whole run remove its folder yourself"
+        )
+    from checkflow.catalog import delete_steps, plan_retention, scan
+
+    storage = open_root(args)
+    cat = scan(storage)
+    if not cat.committed:
+        raise CliError(
+            f"no committed checkpoint in {args.uri}, so nothing to keep; gc deletes nothing "
+            f"there; check the URI or run 'checkflow ls {args.uri}'"
+        )
+    plan = plan_retention(cat, args.keep)
+    failed = [] if args.dry_run else delete_steps(storage, plan.delete)
+    _print_plan(args.uri, cat, plan, dry_run=args.dry_run, failed=failed)
+    if failed:
+        raise CliError(
+            f"could not delete step(s) {fmt_steps(failed)} (see the warnings); run gc again",
+            EXIT_FAILED,
+        )
+    return EXIT_OK
+
+
+def _print_plan(
+    uri: str, cat: Catalog, plan: RetentionPlan, *, dry_run: bool, failed: list[int]
+) -> None:
+    verb = "would delete" if dry_run else "deleted"
+    for s in plan.delete:
+        if s in failed:
+            continue
+        m = cat.committed.get(s)
+        what = "uncommitted" if m is None else f"{m.kind}, {human_bytes(m.nbytes)}"
+        line(f"{verb} step {s} ({what})")
+    needed = f" (bases still needed: {fmt_steps(plan.needed_bases)})" if plan.needed_bases else ""
+    line(f"kept {len(plan.keep)} checkpoint(s): {fmt_steps(plan.keep)}{needed}")
+    if plan.damaged:
+        line(
+            f"left step(s) {fmt_steps(plan.damaged)} alone: their MANIFEST.json cannot be "
+            f"read; run 'checkflow verify {uri} --all' and look at them"
+        )
+
+
+COMMAND = Command("gc", "delete all but the newest N checkpoints", configure, run)

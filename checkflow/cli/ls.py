@@ -1,0 +1,91 @@
+"""``checkflow ls URI``: the committed checkpoints under a root, as the catalog sees them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from checkflow.cli.arguments import Command, add_uri, open_root
+from checkflow.cli.output import EXIT_OK, fmt_steps, fmt_time, human_bytes, line, table
+
+if TYPE_CHECKING:
+    from checkflow.catalog import Catalog
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_uri(parser)
+    parser.add_argument("--all", action="store_true", help="also list uncommitted step folders")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Committed checkpoints as a table; uncommitted and damaged folders as notes (or rows)."""
+    from checkflow.catalog import scan
+
+    cat = scan(open_root(args))
+    if args.json:
+        line(json.dumps(_as_json(args.uri, cat)))
+    elif not cat.folders:
+        line(f"no checkpoints in {args.uri}")
+    else:
+        _print_table(args.uri, cat, show_all=args.all)
+        _print_notes(args.uri, cat, show_all=args.all)
+    return EXIT_OK
+
+
+def _as_json(uri: str, cat: Catalog) -> dict[str, object]:
+    records = [
+        {
+            "step": s,
+            "kind": m.kind,
+            "base_steps": m.base_steps,
+            "world_size": m.world_size,
+            "nbytes": m.nbytes,
+            "created": m.created,
+        }
+        for s, m in cat.committed.items()
+    ]
+    return {
+        "uri": uri,
+        "checkpoints": records,
+        "uncommitted": cat.partial,
+        "damaged": {str(s): why for s, why in cat.damaged.items()},
+    }
+
+
+def _print_table(uri: str, cat: Catalog, *, show_all: bool) -> None:
+    rows = {
+        s: [s, m.kind, fmt_steps(m.base_steps), m.world_size, human_bytes(m.nbytes)]
+        + [fmt_time(m.created)]
+        for s, m in cat.committed.items()
+    }
+    if show_all:
+        rows.update({s: [s, "partial", "-", "-", "-", "-"] for s in cat.partial})
+        rows.update({s: [s, "damaged", "-", "-", "-", "-"] for s in cat.damaged})
+    if rows:
+        headers = ["STEP", "KIND", "BASE", "WORLD", "SIZE", "CREATED"]
+        table(headers, [rows[s] for s in sorted(rows)], right={0, 3, 4})
+    else:
+        line(f"no committed checkpoint in {uri}")
+
+
+def _print_notes(uri: str, cat: Catalog, *, show_all: bool) -> None:
+    hint = "" if show_all else "; --all lists them"
+    if cat.partial:
+        line()
+        line(
+            f"note: {len(cat.partial)} uncommitted step folder(s) without MANIFEST.json "
+            f"(in flight, or abandoned: gc removes those older than the newest commit): "
+            f"{', '.join(str(s) for s in cat.partial)}{hint}"
+        )
+    if cat.damaged:
+        line()
+        line(
+            f"note: {len(cat.damaged)} step folder(s) whose MANIFEST.json cannot be read "
+            f"(gc leaves them for you to look at; 'checkflow verify {uri} --all' says why): "
+            f"{', '.join(str(s) for s in cat.damaged)}{hint}"
+        )
+
+
+COMMAND = Command("ls", "list committed checkpoints", configure, run)

@@ -1,0 +1,181 @@
+"""Everything ``checkflow`` shows: tables, times, sizes, and errors as exit codes.
+
+Tables are drawn by rich. On a terminal they get bold headers and fit the screen; anywhere
+else (a pipe, a file, a test capturing the output) they are plain text with no colour, no
+markup and no wrapping, so ``grep``/``awk`` see one row per line with columns split by
+spaces, as the README shows them.
+
+Exit codes: 0 success; 1 a checkpoint failed verification, an operation failed half way or
+the coordinator refused; 2 bad usage or input (wrong URI, step not committed, refused
+option), in which case nothing was changed. Expected errors print one line,
+``checkflow: error: <what>; <what to do>``, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Collection, Iterable, Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""A checkpoint failed verification, an operation failed half way, or the coordinator refused."""
+EXIT_USAGE = 2
+"""Bad usage or input; nothing was changed."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as a shell reports a SIGINT."""
+
+_PLAIN_WIDTH = 1_000_000
+"""Not a terminal: as wide as any row, so that no cell is wrapped or cut."""
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+class CliError(Exception):
+    """An expected failure: printed as one line, exits with ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- text ------------------------------------------------------------------------------------
+def console(*, stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr) as it is now (tests swap ``sys.stdout``).
+
+    Markup, emoji codes and highlighting are off: cells hold checkpoint data (object
+    reprs, user strings) that must print as they are.
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    tty = bool(getattr(stream, "isatty", None) and stream.isatty())
+    return Console(
+        file=stream,
+        markup=False,
+        emoji=False,
+        highlight=False,
+        width=None if tty else _PLAIN_WIDTH,
+    )
+
+
+def line(text: str = "") -> None:
+    """One line on stdout, flushed (``serve`` prints its address before blocking)."""
+    print(text, flush=True)
+
+
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[object]], right: Collection[int] = ()
+) -> None:
+    """Print a table; ``right`` holds the indexes of right-aligned (numeric) columns.
+
+    Cells go through :func:`cell`, so None prints as ``-``. Lines carry no trailing spaces.
+    """
+    grid = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for i, header in enumerate(headers):
+        grid.add_column(header, justify="right" if i in right else "left")
+    for row in rows:
+        grid.add_row(*(Text(cell(v)) for v in row))
+    out = console()
+    with out.capture() as captured:
+        out.print(grid)
+    text = "\n".join(row.rstrip() for row in captured.get().splitlines())
+    out.file.write(text + "\n")
+    out.file.flush()
+
+
+def cell(value: object) -> str:
+    """A table cell: ``-`` for None, three significant digits for a float."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+# -- times, sizes, steps ---------------------------------------------------------------------
+def fmt_time(ts: float | None) -> str:
+    """A Unix time as local ``YYYY-mm-dd HH:MM:SS``; ``-`` for None."""
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fmt_ago(ts: float | None) -> str:
+    """How long ago a Unix time was, e.g. ``3.2s ago``; ``-`` for None."""
+    return "-" if ts is None else f"{max(0.0, time.time() - ts):.1f}s ago"
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``; exact bytes below 1 KiB."""
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in _UNITS[1:]:
+        n /= 1024
+        if n < 1024 or unit == _UNITS[-1]:
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def fmt_steps(steps: Iterable[int]) -> str:
+    """``{3, 1}`` -> ``"1,3"``; ``-`` for none."""
+    return ",".join(str(s) for s in sorted(steps)) or "-"
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+# -- errors ----------------------------------------------------------------------------------
+def error(message: str) -> None:
+    """``checkflow: error: <message>`` on stderr, on one line whatever the message holds."""
+    print(f"checkflow: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+def explain(e: Exception, uri: str | None) -> tuple[int | None, str]:
+    """(exit code, one-line message) for an expected error; (None, "") for a bug.
+
+    Args:
+        e: what the command raised.
+        uri: the checkpoint root of the command, named in the advice ("run checkflow ls URI").
+    """
+    if isinstance(e, CliError):
+        return e.code, str(e)
+    # Only a module that is loaded can have raised its error; importing the others here
+    # would load torch just to print a usage error.
+    ManifestError = _loaded("checkflow.manifest", "ManifestError")
+    CorruptCheckpointError = _loaded("checkflow.restore", "CorruptCheckpointError")
+    NoCheckpointError = _loaded("checkflow.restore", "NoCheckpointError")
+    UntrustedCheckpointError = _loaded("checkflow.restore", "UntrustedCheckpointError")
+    StorageError = _loaded("checkflow.storage", "StorageError")
+    StorageAccessError = _loaded("checkflow.storage", "StorageAccessError")
+    uri = uri or "URI"
+    if isinstance(e, StorageAccessError):
+        return EXIT_USAGE, str(e)  # it already names the URI and what to do
+    if isinstance(e, UntrustedCheckpointError):
+        return EXIT_USAGE, str(e)  # it says how to opt in
+    if isinstance(e, CorruptCheckpointError):
+        return EXIT_FAILED, (
+            f"checkpoint is damaged: {e}; run 'checkflow verify {uri} --all' "
+            "and restore an older step with --step"
+        )
+    if isinstance(e, NoCheckpointError):
+        return EXIT_USAGE, f"{e}; check the URI or run 'checkflow ls {uri}'"
+    if isinstance(e, ManifestError):
+        return EXIT_FAILED, f"{e}; run 'checkflow verify {uri} --all'"
+    if isinstance(e, StorageError):
+        return EXIT_USAGE, f"{e}; check the URI and any --storage-option values"
+    if isinstance(e, ValueError | OSError):
+        return EXIT_USAGE, str(e)
+    return None, ""
+
+
+def _loaded(module: str, name: str) -> type[BaseException]:
+    """``module.name`` when the module is imported, else a class nothing is an instance of."""
+    found = getattr(sys.modules.get(module), name, None)
+    return found if isinstance(found, type) else _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass

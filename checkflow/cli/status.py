@@ -1,0 +1,135 @@
+"""``checkflow status [URL] [JOB]``: tables of the coordinator's jobs, or of one job's
+ranks, checkpoints and events.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from checkflow.cli.arguments import Command
+from checkflow.cli.output import EXIT_OK, cell, fmt_ago, fmt_time, human_bytes, line, table
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from checkflow.cli.coordinator import DEFAULT_URL
+
+    parser.add_argument(
+        "url",
+        nargs="?",
+        default=None,
+        help=f"coordinator URL (default $CHECKFLOW_URL or {DEFAULT_URL})",
+    )
+    parser.add_argument("job", nargs="?", help="job name: show its ranks, checkpoints and events")
+    parser.add_argument("--token", help="bearer token (default $CHECKFLOW_TOKEN)")
+    parser.add_argument("--limit", type=int, default=10, help="checkpoints and events to show")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print tables of the coordinator's jobs, or of one job."""
+    from checkflow.cli import coordinator
+
+    url, job = args.url, args.job
+    if url and "://" not in url and job is None:
+        url, job = None, url  # `checkflow status JOB`: the URL was left out
+    with coordinator.connect(coordinator.coordinator_url(url), args.token) as http:
+        if not job:
+            _print_jobs(coordinator.jobs(http))
+            return EXIT_OK
+        report = coordinator.job_report(http, job, args.limit)
+    _print_jobs([report.job])
+    line()
+    _print_ranks(report.ranks)
+    line()
+    _print_checkpoints(report.checkpoints)
+    line()
+    _print_events(report.events)
+    return EXIT_OK
+
+
+def _print_jobs(jobs: list[dict[str, Any]]) -> None:
+    if not jobs:
+        line("no jobs")
+        return
+    table(
+        ["JOB", "WORLD", "ALIVE", "GEN", "INTERVAL", "NEXT CKPT", "RESTORE", "FAILURES"],
+        [
+            [
+                j["name"],
+                j["world_size"],
+                j["ranks_alive"],
+                j["generation"],
+                j["interval"],
+                j["next_checkpoint_step"],
+                j["restore_step"],
+                j["failures"],
+            ]
+            for j in jobs
+        ],
+        right=range(1, 8),
+    )
+
+
+def _print_ranks(ranks: list[dict[str, Any]]) -> None:
+    table(
+        ["RANK", "STATE", "ALIVE", "GEN", "STEP", "LAST HEARTBEAT", "ITER S", "STALL S", "NODE"],
+        [
+            [
+                r["rank"],
+                r["state"],
+                "yes" if r["alive"] else "no",
+                r["generation"],
+                r["step"],
+                fmt_ago(r["last_heartbeat"]),
+                r["iteration_s"],
+                r["stall_s"],
+                r["node"],
+            ]
+            for r in ranks
+        ],
+        right={0, 3, 4, 6, 7},
+    )
+
+
+def _print_checkpoints(cks: list[dict[str, Any]]) -> None:
+    if not cks:
+        line("no checkpoints")
+        return
+    table(
+        ["STEP", "STATUS", "GEN", "RANKS", "SIZE", "COMMITTED"],
+        [
+            [
+                c["step"],
+                c["status"],
+                c["generation"],
+                f"{c['persisted_ranks']}/{c['world_size']}",
+                human_bytes(c["nbytes"]),
+                fmt_time(c["committed_at"]),
+            ]
+            for c in cks
+        ],
+        right={0, 2, 3, 4},
+    )
+
+
+def _print_events(events: list[dict[str, Any]]) -> None:
+    if not events:
+        line("no events")
+        return
+    table(
+        ["TIME", "EVENT", "GEN", "RANK", "DETAIL"],
+        [
+            [
+                fmt_time(e["time"]),
+                e["kind"],
+                e["generation"],
+                e["rank"],
+                ", ".join(f"{k}={cell(v)}" for k, v in e["detail"].items()),
+            ]
+            for e in events
+        ],
+        right={2, 3},
+    )
+
+
+COMMAND = Command("status", "show jobs, ranks, checkpoints and events", configure, run)
