@@ -24,7 +24,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify the chosen steps, one line per step (and per problem); exit 1 on any problem."""
-    from checkflow import manifest as mf
     from checkflow.catalog import scan
     from checkflow.restore import CheckpointReader, NoCheckpointError, resolve_step
 
@@ -38,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         steps = [] if damaged else [resolve_step(storage, args.step)]
     for s, why in damaged.items():
-        line(f"FAIL step {s}: {mf.step_dir(s)}/{mf.MANIFEST} is unreadable: {why}")
+        line(f"FAIL step {s}: {why}")  # the catalog's reason names the MANIFEST.json
     failed = len(damaged)
     reader = CheckpointReader(storage)
     for step in steps:

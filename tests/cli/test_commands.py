@@ -201,6 +201,31 @@ def test_verify_fails_on_a_truncated_chunk_file(ckpt: Path) -> None:
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+def test_a_damaged_commit_marker_fails_verify_is_noted_by_ls_and_left_by_gc(ckpt: Path) -> None:
+    (ckpt / mf.step_dir(2) / mf.MANIFEST).write_bytes(b"{not json")
+
+    verify = run_cli("verify", str(ckpt), "--all")
+    listed = run_cli("ls", str(ckpt), "--json")
+    gc = run_cli("gc", str(ckpt), "--keep", "1")
+
+    assert verify.returncode == 1
+    assert [line.split(":")[0] for line in verify.stdout.splitlines()] == [
+        "FAIL step 2",
+        "step 1",
+        "step 3",
+        "step 4",
+    ]
+    assert "MANIFEST.json is not valid JSON" in verify.stdout
+    assert verify.stderr.splitlines()[-1].startswith(
+        "checkflow: error: verification failed: 1 of 4"
+    )
+    info = json.loads(listed.stdout)
+    assert [c["step"] for c in info["checkpoints"]] == [1, 3, 4]
+    assert list(info["damaged"]) == ["2"] and info["uncommitted"] == []
+    assert gc.returncode == 0 and "left step(s) 2 alone" in gc.stdout
+    assert sorted(p.name for p in ckpt.iterdir()) == [mf.step_dir(s) for s in (2, STEPS)]
+
+
 # -- restore ---------------------------------------------------------------------------------
 def test_restore_torch_writes_a_file_torch_load_reads_back_equal(
     saved: tuple[Path, dict[str, Any]], tmp_path: Path
