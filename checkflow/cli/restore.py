@@ -128,10 +128,10 @@ def _roll_back(args: argparse.Namespace) -> int:
         )
     if args.step is not None and args.step < 0:
         raise CliError(f"--step must be >= 0, got {args.step}")
-    from checkflow.cli import coordinator
+    from checkflow.cli.coordinator import connect, recover
 
-    with coordinator.connect(args.coordinator, args.token) as http:
-        reply = coordinator.recover(http, args.job, args.step)
+    with connect(args.coordinator, args.token) as http:
+        reply = recover(http, args.job, args.step)
     target = reply["step"]
     where = f"step {target}" if target is not None else "the beginning (nothing committed)"
     line(

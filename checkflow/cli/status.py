@@ -27,16 +27,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print tables of the coordinator's jobs, or of one job."""
-    from checkflow.cli import coordinator
+    from checkflow.cli.coordinator import connect, coordinator_url, job_report, jobs
 
     url, job = args.url, args.job
     if url and "://" not in url and job is None:
         url, job = None, url  # `checkflow status JOB`: the URL was left out
-    with coordinator.connect(coordinator.coordinator_url(url), args.token) as http:
+    with connect(coordinator_url(url), args.token) as http:
         if not job:
-            _print_jobs(coordinator.jobs(http))
+            _print_jobs(jobs(http))
             return EXIT_OK
-        report = coordinator.job_report(http, job, args.limit)
+        report = job_report(http, job, args.limit)
     _print_jobs([report.job])
     line()
     _print_ranks(report.ranks)
