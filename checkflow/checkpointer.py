@@ -230,7 +230,9 @@ class Checkpointer:
         """Load the newest committed checkpoint (or ``step``) into the state objects.
 
         A checkpoint that fails verification is skipped with a warning and the next older
-        one is tried. With a coordinator, its restore point is the default.
+        one is tried. With a coordinator, its restore point is the default. With several
+        ranks every rank must call this: they agree in the job's store on the newest step
+        that every rank reads, so they all resume from the same one.
 
         Returns:
             The number of completed steps of the restored checkpoint; 0 when there is none.
