@@ -253,7 +253,9 @@ class Checkpointer:
         """Load the newest committed checkpoint (or ``step``) into the state objects.
 
         A checkpoint that fails verification is skipped with a warning and the next older
-        one is tried. With a coordinator, its restore point is the default.
+        one is tried. With a coordinator, its restore point is the default. With several
+        ranks every rank must call this: they agree in the job's store on the newest step
+        that every rank reads, so they all resume from the same one.
 
         Args:
             step: the checkpoint to load (default: the newest, or the coordinator's).
@@ -279,29 +281,35 @@ class Checkpointer:
             steps = [s for s in steps if s <= step]
         reader = CheckpointReader(self.storage, trust=trust)
         live = distributed.live_state(self.state)
-        for candidate in steps:
+
+        def read(candidate: int) -> dict[str, Any] | None:
             try:
-                state_dicts = distributed.read_state_dicts(reader, candidate, self.rank, live)
+                return distributed.read_state_dicts(reader, candidate, self.rank, live)
             except RESTORE_ERRORS as e:
                 warnings.warn(
                     f"checkpoint step {candidate} in {self.storage.uri} cannot be restored ({e}); "
                     "falling back to the next older checkpoint",
                     stacklevel=2,
                 )
-                continue
-            meta = state_dicts.pop(META_KEY, {})
-            load_into(self.state, state_dicts)
-            self._step = int(meta.get("step", candidate))
-            self._last_checkpoint_step = self._step
-            self._last_step_end = None
-            log.info("restored step %d from %s", self._step, self.storage.uri)
-            return self._step
-        if steps:
-            warnings.warn(
-                f"no checkpoint in {self.storage.uri} could be restored; starting at 0",
-                stacklevel=2,
-            )
-        return 0
+                return None
+
+        # With several ranks, every rank restores the same step (the newest all of them read).
+        found = distributed.restore_point(steps, read, self._sync)
+        if found is None:
+            if steps:
+                warnings.warn(
+                    f"no checkpoint in {self.storage.uri} could be restored; starting at 0",
+                    stacklevel=2,
+                )
+            return 0
+        candidate, state_dicts = found
+        meta = state_dicts.pop(META_KEY, {})
+        load_into(self.state, state_dicts)
+        self._step = int(meta.get("step", candidate))
+        self._last_checkpoint_step = self._step
+        self._last_step_end = None
+        log.info("restored step %d from %s", self._step, self.storage.uri)
+        return self._step
 
     # -- the training loop -----------------------------------------------------------------
     @property

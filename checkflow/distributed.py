@@ -15,7 +15,8 @@ job's c10d store (busy or not, its interval, a digest of what it holds) and read
 everyone's: all ranks then take or skip the checkpoint together, use rank 0's interval,
 and compute the same write plan. The commit counts finished ranks in the store
 (``store.add``), so a rank that dies leaves the count short and the step uncommitted, and
-nobody blocks.
+nobody blocks. A restore is agreed in the store as well: every rank loads the same step, the
+newest one that every rank reads intact (``RestoreAgreement``).
 
 Reading. ``read_state_dicts`` builds each rank's state from a global manifest: for every
 tensor it reads only the chunks whose boxes overlap what this rank holds (a DTensor's local
@@ -31,9 +32,9 @@ import logging
 import math
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -250,6 +251,7 @@ class RankSync:
         generation = (root.add("generation", 1) - 1) // self.world_size
         self.store = dist.PrefixStore(f"g{generation}/", root)
         self.commit = StoreCommit(self.store, self.world_size)
+        self.restore = RestoreAgreement(self.store, self.rank, self.world_size)
         self._round = 0
         self.interval: int | None = None
         """Rank 0's interval as of the last agreement (``every="auto"``)."""
@@ -298,15 +300,144 @@ class RankSync:
 
 
 class StoreCommit(CommitProtocol):
-    """The last rank to finish a step commits it, counted in the c10d store."""
+    """The last rank to finish a step commits it, counted in the c10d store.
+
+    That rank also deletes the step's counter: every rank has added to it by then and none
+    reads it again, so a long job keeps no key per checkpoint in the store. A step that never
+    commits (a rank died) leaves its counter, under a generation nobody reuses.
+    """
 
     def __init__(self, store: Any, world_size: int) -> None:
         self.store = store
         self.world_size = world_size
 
     def rank_persisted(self, step: int, rank: RankResult) -> bool:
-        done = self.store.add(f"persisted/{step}", 1)
-        return done == self.world_size
+        key = f"persisted/{step}"
+        if self.store.add(key, 1) != self.world_size:
+            return False
+        self.store.delete_key(key)
+        return True
+
+
+# -- the step to restore -------------------------------------------------------------------
+T = TypeVar("T")
+
+
+class _Candidates(Generic[T]):
+    """This rank's reads of candidate steps: each step is read at most once, and only the
+    newest successful read is held (a restore keeps one state in memory, not one per step)."""
+
+    def __init__(self, steps: Iterable[int], read: Callable[[int], T | None]) -> None:
+        self.steps = sorted(set(steps), reverse=True)
+        self._read = read
+        self._bad: set[int] = set()
+        self.held: tuple[int, T] | None = None
+
+    def readable(self, step: int) -> bool:
+        if self.held is not None and self.held[0] == step:
+            return True
+        if step in self._bad or step not in self.steps:
+            return False
+        value = self._read(step)
+        if value is None:
+            self._bad.add(step)
+            return False
+        self.held = (step, value)
+        return True
+
+    def newest_readable(self, bound: float) -> int | None:
+        return next((s for s in self.steps if s <= bound and self.readable(s)), None)
+
+
+def newest_readable(steps: Iterable[int], read: Callable[[int], T | None]) -> tuple[int, T] | None:
+    """One rank alone: the newest of ``steps`` that ``read`` returns, and what it returned."""
+    candidates = _Candidates(steps, read)
+    step = candidates.newest_readable(math.inf)
+    return None if step is None else candidates.held
+
+
+class RestoreAgreement:
+    """Every rank restores the same step: the newest one that every rank reads intact.
+
+    One rank's files of the newest step may be damaged while the others read theirs; if each
+    rank fell back on its own, the job would resume from a mix of two steps. Instead, in
+    rounds through the job's c10d store: every rank proposes the newest step (at or below a
+    bound) whose part it reads; all take the smallest proposal; the ranks that proposed a
+    newer one read that step too, and every rank reports whether it could. When all could, it
+    is the step. Otherwise the bound drops below it and the next round starts. The result is
+    the newest step every rank reads: no rank proposes below it, and any step above it fails
+    on some rank.
+
+    ``agree`` runs on the training thread of every rank at the same call (like
+    ``RankSync.agree``). Values are JSON. The last rank to finish deletes the call's keys.
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self._calls = 0
+
+    def agree(self, steps: Iterable[int], read: Callable[[int], T | None]) -> tuple[int, T] | None:
+        """The agreed step and this rank's read of it; None when some rank reads none of
+        ``steps`` (every rank then starts from scratch).
+
+        Args:
+            steps: committed steps this rank may restore (newest first or in any order).
+            read: reads this rank's part of a step; returns None when it cannot.
+        """
+        self._calls += 1
+        prefix = f"restore/{self._calls}"
+        candidates = _Candidates(steps, read)
+        bound: float = math.inf
+        rounds = 0
+        while True:
+            rounds += 1
+            mine = candidates.newest_readable(bound)
+            proposals = self._exchange(f"{prefix}/{rounds}/propose", -1 if mine is None else mine)
+            agreed = min(proposals)
+            if agreed < 0:
+                self._clean_up(prefix, rounds)
+                return None
+            if all(self._exchange(f"{prefix}/{rounds}/ok", candidates.readable(agreed))):
+                break
+            bound = agreed - 1
+        self._clean_up(prefix, rounds)
+        if mine != agreed:
+            log.warning(
+                "step %s cannot be restored on every rank; restoring step %d, the newest step "
+                "that every rank reads",
+                mine,
+                agreed,
+            )
+        assert candidates.held is not None and candidates.held[0] == agreed
+        return candidates.held
+
+    def _exchange(self, name: str, value: Any) -> list[Any]:
+        """Publish ``value`` as this rank's ``name``; every rank's value, by rank."""
+        self.store.set(f"{name}/{self.rank}", json.dumps(value))
+        return [json.loads(self.store.get(f"{name}/{r}")) for r in range(self.world_size)]
+
+    def _clean_up(self, prefix: str, rounds: int) -> None:
+        # Each rank counts itself out once it has read all it needs; the last one deletes
+        # (deleting a key that a final round never wrote is a no-op).
+        if self.store.add(f"{prefix}/done", 1) != self.world_size:
+            return
+        for n in range(1, rounds + 1):
+            for kind in ("propose", "ok"):
+                for r in range(self.world_size):
+                    self.store.delete_key(f"{prefix}/{n}/{kind}/{r}")
+        self.store.delete_key(f"{prefix}/done")
+
+
+def restore_point(
+    steps: Iterable[int], read: Callable[[int], T | None], sync: RankSync | None
+) -> tuple[int, T] | None:
+    """The step to restore and this rank's read of it: the newest one that reads, agreed by
+    every rank when there are several (``RestoreAgreement``); None when none reads."""
+    if sync is None:
+        return newest_readable(steps, read)
+    return sync.restore.agree(steps, read)
 
 
 def snapshot_inputs(
@@ -527,11 +658,13 @@ __all__ = [
     "LocalState",
     "ModelState",
     "RankSync",
+    "RestoreAgreement",
     "Shard",
     "StoreCommit",
     "balanced_writers",
     "live_layouts",
     "read_state_dicts",
+    "restore_point",
 ]
 
 

@@ -5,21 +5,26 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from torch.distributed import TCPStore
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_worker.py")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def job_store() -> TCPStore:
+    """The c10d store of one job, hosted by this process as torchrun's agent hosts it.
+
+    The OS picks its port while binding it, so no other process can take the port between
+    choosing and binding it; and every job starts from an empty store, never with keys that
+    a killed job left behind. It outlives the ranks, so a test can read what they left.
+    """
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
 def run_ranks(
@@ -29,20 +34,24 @@ def run_ranks(
     env: dict[str, str] | None = None,
     timeout: float = 300,
     expect_killed: bool = False,
+    store: TCPStore | None = None,
 ) -> list[str]:
     """Run ``_worker.py`` on ``world`` ranks with ``config``; returns each rank's stdout.
 
     When a rank dies (the worker kills itself with SIGKILL where ``config`` says), the
     others are killed too, as torchrun would do, and ``expect_killed`` must be True.
+    The ranks use ``store`` (a fresh ``job_store()`` by default) as their c10d store.
     """
-    port = free_port()
+    if store is None:
+        store = job_store()
     procs = []
     for rank in range(world):
         rank_env = {
             **os.environ,
             **(env or {}),
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
             "RANK": str(rank),
             "WORLD_SIZE": str(world),
             "LOCAL_RANK": str(rank),

@@ -12,7 +12,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+import traceback
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -266,5 +267,27 @@ def main() -> None:
         dist.destroy_process_group()
 
 
+def exit_without_finalizing(code: int) -> NoReturn:
+    """End this rank with ``os._exit``, after flushing what it reports.
+
+    ``destroy_process_group`` does not stop gloo's worker threads here: DDP, FSDP2 and DTensor
+    keep the process group alive inside torch. Such a thread releases a finished collective's
+    tensors after it has woken the caller, and releasing a tensor that Python knows takes the
+    GIL. When the main thread has reached interpreter finalization by then, CPython ends the
+    thread with ``pthread_exit``, whose unwinding through a ``noexcept`` destructor calls
+    ``std::terminate``: SIGABRT, "terminate called without an active exception"
+    (pytorch/pytorch#38228). Skipping finalization leaves nothing for those threads to race
+    with; everything this rank reports is in files written and closed, or on stdout/stderr.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        exit_without_finalizing(1)
+    exit_without_finalizing(0)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from checkflow import list_checkpoints
+from checkflow import list_checkpoints, load
 from checkflow.manifest import MANIFEST, RankManifest, step_dir
 from tests.distributed._launch import run_ranks
 from tests.runtime._train import assert_bitwise_equal, load_final
@@ -75,3 +75,33 @@ def test_every_auto_makes_every_rank_checkpoint_at_the_same_steps(tmp_path):
     assert records[0]["checkpoints"] == records[1]["checkpoints"]
     committed = [c.step for c in list_checkpoints(str(uri))]
     assert committed and set(committed) <= set(records[0]["checkpoints"])
+
+
+def _damage_chunk(step_folder: Path, rank: int, fqn: str) -> None:
+    """Flip one byte inside ``rank``'s stored chunk of ``fqn``."""
+    rm = RankManifest.from_json((step_folder / f"rank-{rank:05d}.json").read_bytes())
+    chunk = next(c for c in rm.chunks if c.fqn == fqn)
+    path = step_folder / chunk.file
+    data = bytearray(path.read_bytes())
+    data[chunk.byte_offset + chunk.nbytes // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_fsdp2_rank_with_a_damaged_newest_step_makes_every_rank_restore_the_same_older_step(
+    tmp_path,
+):
+    uri = tmp_path / "run"
+    train = {"scenario": "train", "kind": "fsdp", "steps": 6, "every": 2, "wait": True}
+    run_ranks(2, {**train, "uri": str(uri)})
+    assert [c.step for c in list_checkpoints(str(uri))] == [2, 4, 6]
+    # Rows 9..17 of the first layer live only in rank 1's files; rank 0 never reads them,
+    # so only rank 1 finds step 6 damaged.
+    _damage_chunk(uri / step_dir(6), 1, "model.0.weight")
+
+    out = tmp_path / "restored.pt"
+    outs = run_ranks(2, {"scenario": "restore", "kind": "fsdp", "uri": str(uri), "out": str(out)})
+    assert [r["restored"] for r in _records(outs)] == [4, 4]
+    step4 = load(str(uri), step=4)
+    restored = load_final(out)
+    assert_bitwise_equal(restored["model"], step4["model"], "model")
+    assert_bitwise_equal(restored["optim"], step4["optim"]["state"], "optim")
