@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,18 @@ from torch import nn
 from checkflow import Checkpointer, storage
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-PERSIST_POINTS = {"chunks": ".chunks", "rank": "rank-", "commit": "MANIFEST.json"}
-"""Kill points inside the persist: the file whose write is about to start."""
+PERSIST_POINTS = ("chunks", "rank", "commit", "retention")
+"""Kill points inside the persist, in the order the persist reaches them."""
+
+
+def _is_write_of(point: str, relpath: str) -> bool:
+    """Whether ``relpath`` is the file whose write starts at kill point ``point``."""
+    name = relpath.rsplit("/", 1)[-1]
+    if point == "chunks":
+        return name.endswith(".chunks")
+    if point == "rank":
+        return name.startswith("rank-") and name.endswith(".json")
+    return point == "commit" and name == "MANIFEST.json"
 
 
 def _train_module() -> Any:
@@ -74,7 +83,7 @@ def kill_inside_persist(step: int, point: str) -> None:
     def put_then_maybe_die(self: storage.Storage, relpath: str, parts: Any) -> int:
         folder = relpath.split("/", 1)[0]
         due = folder.startswith("step-") and int(folder[5:]) >= step
-        if due and point in PERSIST_POINTS and PERSIST_POINTS[point] in relpath:
+        if due and _is_write_of(point, relpath):
             _die()
         written = put(self, relpath, parts)
         if due and point == "retention" and relpath.endswith("MANIFEST.json"):
@@ -106,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         kill_step, arg = int(k), (rest[0] if rest else "")
         if kind == "persist":
             kill_inside_persist(kill_step, arg)
+    timer: threading.Timer | None = None
     example = _train_module()
     model, opt, sched = example.build()
     data = example.ShuffledData()
@@ -135,12 +145,15 @@ def main(argv: list[str] | None = None) -> None:
                 _die()
             if step + 1 == kill_step and kind == "delay":
                 print(f"requested {step + 1} {'taken' if future else 'skipped'}", flush=True)
-                threading.Timer(float(arg) / 1000, _die).start()
+                timer = threading.Timer(float(arg) / 1000, _die)
+                timer.start()
         if kind == "persist":
             # No checkpoint at or after the kill step was taken (all skipped): die now,
             # with whatever persist is in flight.
             print("persist point not reached", flush=True)
             _die()
+    if timer is not None:
+        timer.join()  # the run ended before the delay did: the kill still comes, now
     if args.out:
         final = {
             "model": model.state_dict(),
@@ -150,8 +163,8 @@ def main(argv: list[str] | None = None) -> None:
             "loss": loss.item(),
         }
         torch.save(final, args.out)
-    print(f"done {ckpt.stats.committed} committed {ckpt.stats.skipped} skipped", flush=True)
+    print(f"done {ckpt.stats.committed} committed", flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -67,6 +67,11 @@ class Cycle:
     resumed: Run
     observed: str
     equal: bool
+    restored_exact: bool
+    """The state right after the restore is bitwise the reference's state at that step."""
+    lagged: bool
+    """The coordinator's restore point was older than the newest commit on storage (the
+    kill came between MANIFEST.json and the report of the commit)."""
     problems: list[str] = field(default_factory=list)
 
 
@@ -128,10 +133,11 @@ def equal(a: Any, b: Any) -> bool:
 def draw_kill(rng: random.Random, args: argparse.Namespace) -> tuple[str, int]:
     """A kill spec for the child and the step it refers to."""
     kind = rng.choice(("step", "delay", "persist"))
+    last = args.steps - args.every  # leave the resumed run some steps to take
     if kind == "step":
-        k = rng.randint(1, args.steps - 1)
+        k = rng.randint(1, last)
         return f"step:{k}", k
-    k = args.every * rng.randint(1, (args.steps - 1) // args.every)
+    k = args.every * rng.randint(1, last // args.every)
     if kind == "delay":
         return f"delay:{k}:{rng.uniform(0, args.max_delay_ms):.1f}", k
     return f"persist:{k}:{rng.choice(PERSIST_POINTS)}", k
@@ -167,9 +173,34 @@ def first_difference(reference: dict[int, str], run: Run) -> int | None:
     return None
 
 
+def check(
+    kill: str, kill_step: int, committed: list[int], killed: Run, resumed: Run, coord: bool
+) -> tuple[list[str], bool]:
+    """What went wrong around the kill and the restore; and whether the coordinator's
+    restore point lagged behind storage."""
+    problems = []
+    if killed.code != -signal.SIGKILL:
+        problems.append(f"the killed run exited with {killed.code}, not by SIGKILL")
+    if resumed.code != 0:
+        problems.append(f"the resumed run failed with exit code {resumed.code}")
+    start, newest = resumed.start or 0, max(committed, default=0)
+    if start and start not in committed:
+        problems.append(f"resumed from step {start}, which was not committed ({committed})")
+    if kill.startswith("step:") and start > kill_step:
+        problems.append(f"resumed from step {start}, after the kill step {kill_step}")
+    if start < newest and not coord:
+        problems.append(f"resumed from step {start}, newest committed is {newest}")
+    return problems, coord and start < newest
+
+
 def one_cycle(
-    index: int, args: argparse.Namespace, work: Path, ref: Run, ref_final: dict[str, Any],
-    coord: list[str], rng: random.Random,
+    index: int,
+    args: argparse.Namespace,
+    work: Path,
+    ref: Run,
+    ref_final: dict[str, Any],
+    coord: list[str],
+    rng: random.Random,
 ) -> Cycle:
     kill, kill_step = draw_kill(rng, args)
     ckpt = work / f"cycle-{index:03d}"
@@ -180,26 +211,20 @@ def one_cycle(
         observed = "persist point not reached: " + observed
     out = work / f"resumed-{index:03d}.pt"
     resumed = run_child(args, ckpt, "--out", str(out), *coord, *job)
-    problems = []
-    if killed.code != -signal.SIGKILL:
-        problems.append(f"the killed run exited with {killed.code}, not by SIGKILL")
-    if resumed.code != 0:
-        problems.append(f"the resumed run failed with exit code {resumed.code}")
-    newest = max(committed, default=0)
-    if resumed.start is not None and resumed.start != newest:
-        problems.append(f"resumed from step {resumed.start}, newest committed is {newest}")
+    problems, lagged = check(kill, kill_step, committed, killed, resumed, bool(coord))
+    start = resumed.start or 0
+    restored_exact = start == 0 or ref.digests.get(start) == resumed.restored
     same = resumed.code == 0 and equal(ref_final, torch.load(out, weights_only=False))
     if not same:
-        restored_ok = resumed.start in (0, None) or ref.digests.get(resumed.start) == resumed.restored
-        diverged = first_difference(ref.digests, resumed)
-        killed_diverged = first_difference(ref.digests, killed)
         problems.append(
-            f"MISMATCH: restored state at step {resumed.start} "
-            f"{'equals' if restored_ok else 'DIFFERS FROM'} the reference; resumed run first "
-            f"differs after step {diverged}; killed run first differs after step "
-            f"{killed_diverged}"
+            f"MISMATCH: restored state at step {start} "
+            f"{'equals' if restored_exact else 'DIFFERS FROM'} the reference; the resumed run "
+            f"first differs after step {first_difference(ref.digests, resumed)}, the killed "
+            f"run after step {first_difference(ref.digests, killed)}"
         )
-    cycle = Cycle(index, kill, killed, resumed, observed, same, problems)
+    elif not restored_exact:
+        problems.append(f"the state restored at step {start} differs from the reference's")
+    cycle = Cycle(index, kill, killed, resumed, observed, same, restored_exact, lagged, problems)
     if not problems:
         shutil.rmtree(ckpt, ignore_errors=True)
         out.unlink(missing_ok=True)
@@ -207,33 +232,53 @@ def one_cycle(
 
 
 def start_load(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes that keep a CPU busy each (pure Python loops)."""
     return [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(n)]
 
 
-def report(cycles: list[Cycle], seconds: float, ref_seconds: float, args: argparse.Namespace) -> None:
-    kinds = collections.Counter(c.kill.split(":")[0] for c in cycles)
-    points = collections.Counter(c.kill.split(":")[2] for c in cycles if c.kill.startswith("persist"))
-    observed = collections.Counter(c.observed for c in cycles)
-    steps = [int(c.kill.split(":")[1]) for c in cycles]
-    lost = [int(c.kill.split(":")[1]) - (c.resumed.start or 0) for c in cycles]
-    bucket = max(1, args.steps // 5)
-    histogram = collections.Counter(min(s // bucket, 4) for s in steps)
-    delays = [float(c.kill.split(":")[2]) for c in cycles if c.kill.startswith("delay")]
-    print(f"\n{len(cycles)} cycles in {seconds:.0f} s ({seconds / max(1, len(cycles)):.1f} s/cycle; "
-          f"an uninterrupted run took {ref_seconds:.1f} s) with {args.load} CPU-burning processes")
-    print("kill kinds:      " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
-    print("persist points:  " + ", ".join(f"{k} {n}" for k, n in sorted(points.items())))
+def counts(items: list[str]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in collections.Counter(items).most_common())
+
+
+def kill_step_histogram(cycles: list[Cycle], steps: int) -> str:
+    width = max(1, -(-steps // 5))
+    bins = collections.Counter(int(c.kill.split(":")[1]) // width for c in cycles)
+    return ", ".join(f"{b * width}-{min(steps, (b + 1) * width - 1)}: {bins[b]}" for b in range(5))
+
+
+def report(cycles: list[Cycle], seconds: float, args: argparse.Namespace) -> None:
+    n = len(cycles)
+    delays = sorted(float(c.kill.split(":")[2]) for c in cycles if c.kill.startswith("delay"))
+    redone = [int(c.kill.split(":")[1]) - (c.resumed.start or 0) for c in cycles]
+    child_s = [c.killed.seconds + c.resumed.seconds for c in cycles]
+    print(
+        f"\n{n} cycles in {seconds:.0f} s ({statistics.median(child_s):.1f} s per cycle, "
+        f"median) with {args.load} CPU-burning processes"
+    )
+    print("kill kinds:      " + counts([c.kill.split(":")[0] for c in cycles]))
+    persist = [c.kill.split(":")[2] for c in cycles if c.kill.startswith("persist")]
+    print("persist points:  " + counts(persist))
     if delays:
-        print(f"delays (ms):     min {min(delays):.0f}, median {statistics.median(delays):.0f}, "
-              f"max {max(delays):.0f}")
-    print("kill steps:      " + ", ".join(
-        f"{b * bucket}-{(b + 1) * bucket - 1 if b < 4 else args.steps}: {histogram[b]}"
-        for b in range(5)))
-    print("found at kill:   " + ", ".join(f"{k} {n}" for k, n in observed.most_common()))
-    print(f"steps redone:    median {statistics.median(lost):.0f}, max {max(lost)}")
-    bad = [c for c in cycles if c.problems]
-    print(f"bitwise equal:   {sum(c.equal for c in cycles)} of {len(cycles)}; "
-          f"cycles with a failed check: {len(bad)}")
+        print(
+            f"delays (ms):     min {delays[0]:.0f}, median {statistics.median(delays):.0f}, "
+            f"max {delays[-1]:.0f}"
+        )
+    print("kill steps:      " + kill_step_histogram(cycles, args.steps))
+    print("found at kill:   " + counts([c.observed for c in cycles]))
+    print(f"steps redone:    median {statistics.median(redone):.0f}, max {max(redone)}")
+    print(
+        f"restored states equal to the reference's at their step: "
+        f"{sum(c.restored_exact for c in cycles)} of {n}"
+    )
+    if not args.no_coordinator:
+        print(
+            f"coordinator restore point older than the newest commit on storage: "
+            f"{sum(c.lagged for c in cycles)} of {n}"
+        )
+    print(
+        f"bitwise equal:   {sum(c.equal for c in cycles)} of {n}; "
+        f"cycles with a failed check: {sum(bool(c.problems) for c in cycles)}"
+    )
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -243,10 +288,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--codec", default="exact")
-    p.add_argument("--load", type=int, default=os.cpu_count() or 2,
-                   help="CPU-burning processes running meanwhile (default: one per CPU)")
-    p.add_argument("--max-delay-ms", type=float, default=300.0,
-                   help="longest delay after a checkpoint request for 'delay' kills")
+    p.add_argument(
+        "--load",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="CPU-burning processes running meanwhile (default: one per CPU)",
+    )
+    p.add_argument(
+        "--max-delay-ms",
+        type=float,
+        default=300.0,
+        help="longest delay after a checkpoint request for 'delay' kills",
+    )
     p.add_argument("--no-coordinator", action="store_true")
     p.add_argument("--work", default=None, help="work folder (default: a temporary one)")
     args = p.parse_args(argv)
@@ -255,11 +308,52 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def reference(args: argparse.Namespace, work: Path) -> tuple[Run, dict[str, Any]] | None:
+    """Two uninterrupted runs; the first is the reference, the second proves that training
+    itself is deterministic here (else no resume could be bitwise equal)."""
+    ref = run_child(args, work / "reference", "--out", str(work / "reference.pt"))
+    again = run_child(args, work / "reference-2", "--out", str(work / "reference-2.pt"))
+    if ref.code or again.code:
+        print(f"reference runs failed: exit {ref.code}, {again.code}", *ref.lines[-5:], sep="\n")
+        return None
+    ref_final = torch.load(work / "reference.pt", weights_only=False)
+    if not equal(ref_final, torch.load(work / "reference-2.pt", weights_only=False)):
+        print(
+            "two uninterrupted runs differ: training itself is not deterministic here "
+            f"(first difference after step {first_difference(ref.digests, again)})"
+        )
+        return None
+    print(
+        f"reference: {args.steps} steps, every {args.every}, {ref.seconds:.1f} s; a second "
+        "uninterrupted run is bitwise equal",
+        flush=True,
+    )
+    return ref, ref_final
+
+
+def run_cycles(args: argparse.Namespace, work: Path, coord: list[str]) -> list[Cycle] | None:
+    references = reference(args, work)
+    if references is None:
+        return None
+    ref, ref_final = references
+    rng = random.Random(args.seed)
+    cycles = []
+    for i in range(args.cycles):
+        c = one_cycle(i, args, work, ref, ref_final, coord, rng)
+        cycles.append(c)
+        status = "equal" if c.equal else "DIFFERENT"
+        print(
+            f"{i:3d} kill {c.kill:<22} {c.observed:<38} resumed at {c.resumed.start}: "
+            f"{status}" + "".join(f"\n      {p}" for p in c.problems),
+            flush=True,
+        )
+    return cycles
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="checkflow-stress-"))
     work.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(args.seed)
     load = start_load(args.load)
     server = None
     try:
@@ -268,33 +362,15 @@ def main(argv: list[str] | None = None) -> int:
             url, server = start_coordinator(work)
             coord = ["--coordinator", url]
         t0 = time.perf_counter()
-        ref = run_child(args, work / "reference", "--out", str(work / "reference.pt"))
-        again = run_child(args, work / "reference-2", "--out", str(work / "reference-2.pt"))
-        ref_final = torch.load(work / "reference.pt", weights_only=False)
-        if ref.code or again.code:
-            print(f"reference runs failed: exit {ref.code}, {again.code}", *ref.lines[-5:], sep="\n")
-            return 1
-        if not equal(ref_final, torch.load(work / "reference-2.pt", weights_only=False)):
-            print("two uninterrupted runs differ: training itself is not deterministic here "
-                  f"(first difference after step {first_difference(ref.digests, again)})")
-            return 1
-        print(f"reference: {args.steps} steps, every {args.every}, {ref.seconds:.1f} s; a second "
-              "uninterrupted run is bitwise equal", flush=True)
-        cycles = []
-        for i in range(args.cycles):
-            c = one_cycle(i, args, work, ref, ref_final, coord, rng)
-            cycles.append(c)
-            status = "equal" if c.equal else "DIFFERENT"
-            print(f"{i:3d} kill {c.kill:<22} {c.observed:<38} resumed at {c.resumed.start}: "
-                  f"{status}" + "".join(f"\n      {p}" for p in c.problems), flush=True)
-        report(cycles, time.perf_counter() - t0, ref.seconds, args)
+        cycles = run_cycles(args, work, coord)
+        if cycles is not None:
+            report(cycles, time.perf_counter() - t0, args)
     finally:
         for proc in [*load, *([server] if server else [])]:
             proc.kill()
             proc.wait()
-    failed = [c for c in cycles if c.problems]
-    if failed:
-        print(f"kept the folders of failed cycles under {work}")
+    if cycles is None or any(c.problems for c in cycles):
+        print(f"kept the work folder {work}")
         return 1
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
