@@ -37,6 +37,11 @@ MAX_BACKOFF_S = 4.0
 heartbeat timeout (10 s) so a restarted coordinator hears from every rank within the fresh
 grace period it gives them."""
 
+_jitter = random.Random()
+"""The heartbeat's backoff jitter has its own generator: drawing from the global one on this
+thread would shift the training's ``random`` sequence (which checkpoints save and restore)
+by however many retries happened, so no run would repeat an uninterrupted one."""
+
 
 @dataclass(frozen=True, slots=True)
 class Registration:
@@ -336,7 +341,7 @@ class CoordinatorClient:
                 self._note_unreachable(e)
                 # Backoff with jitter so that thousands of ranks don't return in lockstep.
                 delay = min(MAX_BACKOFF_S, max(delay, self.heartbeat_interval_s) * 2)
-                delay *= random.uniform(0.75, 1.0)
+                delay *= _jitter.uniform(0.75, 1.0)
             except Exception:
                 # The watchdog must survive anything; training goes on without it.
                 logger.exception("heartbeat of rank %d failed", self.rank)

@@ -175,3 +175,18 @@ def test_training_goes_on_while_the_coordinator_is_down_and_catches_up(
             assert any("reachable again" in r.getMessage() for r in caplog.records)
         finally:
             server.stop()
+
+
+def test_heartbeat_retries_leave_the_training_random_sequence_alone(tmp_path: Path) -> None:
+    # The backoff while the coordinator is down draws jitter on the heartbeat thread. The
+    # global `random` state belongs to training (checkpoints save and restore it): a draw
+    # there would make a run differ from an uninterrupted one by how many retries happened.
+    import random
+
+    random.seed(1234)
+    before = random.getstate()
+    with make_client(f"http://127.0.0.1:{free_port()}") as c:
+        c.start()
+        time.sleep(0.6)  # backoff rounds (0.1, 0.2, 0.4 s) against a port nobody listens on
+        assert c.generation is None
+    assert random.getstate() == before
