@@ -218,7 +218,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.rank_config:
         _rank_main(json.loads(args.rank_config))
-        return
+        # gloo's worker threads outlive destroy_process_group (FSDP2 holds the group) and
+        # can abort the rank during interpreter finalization (pytorch/pytorch#38228): the
+        # results are printed, so leave without finalizing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     med = statistics.median
     print(f"FSDP2 state of {args.size_mib} MiB fp32, CPU/gloo, median of {args.repeats}")
     header = (
