@@ -19,7 +19,9 @@ async def run_detector(
     Runs on the event loop (not a thread) so that it sees and writes the same state as the
     handlers without locks; a sweep costs one ``min()`` per job unless something is late.
     """
-    next_retune = 0.0
+    # A service that just started has no reports to tune from: the first retune comes one
+    # period in, like every later one.
+    next_retune = time.monotonic() + retune_period_s
     while True:
         await asyncio.sleep(period_s)
         try:
