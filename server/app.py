@@ -15,7 +15,6 @@ from checkflow_server.api.routes import checkpoints, health, jobs, ranks
 from checkflow_server.coordinator import Conflict, Coordinator, NotFound
 from checkflow_server.db import Store
 from checkflow_server.detector import run_detector
-from checkflow_server.models import ErrorBody
 from checkflow_server.settings import Settings
 from checkflow_server.storage_sync import committed_steps
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -23,6 +22,8 @@ from fastapi.exception_handlers import http_exception_handler, request_validatio
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from checkflow.protocol import ErrorBody
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
-from checkflow_server.models import CheckpointPublic, JobPublic, RankPublic, Schedule
 from checkflow_server.state import ALIVE, Checkpoint, Job
+
+from checkflow.protocol import CheckpointPublic, JobPublic, RankPublic, Schedule
 
 
 def schedule_of(job: Job) -> Schedule:

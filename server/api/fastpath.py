@@ -19,14 +19,15 @@ from typing import Any
 
 from checkflow_server.api.convert import schedule_of
 from checkflow_server.coordinator import Conflict, Coordinator, NotFound, RankReport
-from checkflow_server.models import (
+from pydantic import BaseModel, ValidationError
+
+from checkflow.protocol import (
     Heartbeat,
     HeartbeatReply,
     NodeHeartbeat,
     NodeHeartbeatReply,
     RankAction,
 )
-from pydantic import BaseModel, ValidationError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -6,7 +6,9 @@ from typing import Annotated
 
 from checkflow_server.api.convert import checkpoint_public
 from checkflow_server.api.deps import CoordinatorDep
-from checkflow_server.models import (
+from fastapi import APIRouter, Path, Query
+
+from checkflow.protocol import (
     MAX_INT,
     CheckpointList,
     CheckpointPublic,
@@ -14,7 +16,6 @@ from checkflow_server.models import (
     PartReply,
     PartReport,
 )
-from fastapi import APIRouter, Path, Query
 
 router = APIRouter(prefix="/jobs/{job}/checkpoints", tags=["checkpoints"])
 

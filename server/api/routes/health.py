@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from checkflow_server.api.deps import CoordinatorDep
-from checkflow_server.models import Health
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
+
+from checkflow.protocol import Health
 
 router = APIRouter(tags=["health"])
 

@@ -8,7 +8,9 @@ from typing import Annotated
 from checkflow_server.api.convert import job_public
 from checkflow_server.api.deps import CoordinatorDep
 from checkflow_server.coordinator import JobSpec
-from checkflow_server.models import (
+from fastapi import APIRouter, Query, Request, Response
+
+from checkflow.protocol import (
     MAX_INT,
     EventList,
     EventPublic,
@@ -18,7 +20,6 @@ from checkflow_server.models import (
     RecoverRequest,
     RestorePoint,
 )
-from fastapi import APIRouter, Query, Request, Response
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

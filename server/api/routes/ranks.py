@@ -7,7 +7,9 @@ from typing import Annotated
 from checkflow_server.api.convert import rank_public, schedule_of
 from checkflow_server.api.deps import CoordinatorDep
 from checkflow_server.coordinator import RankReport
-from checkflow_server.models import (
+from fastapi import APIRouter, Path
+
+from checkflow.protocol import (
     FinishRequest,
     Heartbeat,
     HeartbeatReply,
@@ -19,7 +21,6 @@ from checkflow_server.models import (
     RegisterRequest,
     Registration,
 )
-from fastapi import APIRouter, Path
 
 router = APIRouter(prefix="/jobs/{job}", tags=["ranks"])
 
