@@ -12,9 +12,26 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
+
+from checkflow.protocol import (
+    CheckpointList,
+    CheckpointPublic,
+    EventList,
+    EventPublic,
+    JobList,
+    JobPublic,
+    RankList,
+    RankPublic,
+    RecoverRequest,
+    RestorePoint,
+    paths,
+)
+
+Reply = TypeVar("Reply", bound=BaseModel)
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 
@@ -103,13 +120,13 @@ def status(args: argparse.Namespace) -> int:
     try:
         with _http(url, token) as http:
             if not args.job:
-                jobs = _get(http, "/v1/jobs")["jobs"]
-                _print_jobs(jobs)
+                _print_jobs(_get(http, paths.path(paths.JOBS), JobList).jobs)
                 return 0
-            job = _get(http, f"/v1/jobs/{args.job}")
-            ranks = _get(http, f"/v1/jobs/{args.job}/ranks")["ranks"]
-            cks = _get(http, f"/v1/jobs/{args.job}/checkpoints?limit={args.limit}")
-            events = _get(http, f"/v1/jobs/{args.job}/events?limit={args.limit}")["events"]
+            name, limit = args.job, f"?limit={args.limit}"
+            job = _get(http, paths.path(paths.JOB, job=name), JobPublic)
+            ranks = _get(http, paths.path(paths.RANKS, job=name), RankList).ranks
+            cks = _get(http, paths.path(paths.CHECKPOINTS, job=name) + limit, CheckpointList)
+            events = _get(http, paths.path(paths.EVENTS, job=name) + limit, EventList).events
     except _CliError as e:
         print(f"checkflow status: {e}", file=sys.stderr)
         return e.code
@@ -117,7 +134,7 @@ def status(args: argparse.Namespace) -> int:
     print()
     _print_ranks(ranks)
     print()
-    _print_checkpoints(cks["checkpoints"])
+    _print_checkpoints(cks.checkpoints)
     print()
     _print_events(events)
     return 0
@@ -138,14 +155,15 @@ def roll_back(url: str, job: str, step: int | None, token: str | None) -> int:
     token = token or os.environ.get("CHECKFLOW_TOKEN")
     try:
         with _http(url, token) as http:
-            reply = _send(http, "POST", f"/v1/jobs/{job}/recover", {"step": step})
+            path = paths.path(paths.RECOVER, job=job)
+            reply = _send(http, "POST", path, RecoverRequest(step=step), RestorePoint)
     except _CliError as e:
         print(f"checkflow restore: {e}", file=sys.stderr)
         return e.code
-    target = reply["step"]
+    target = reply.step
     where = f"step {target}" if target is not None else "the beginning (nothing committed)"
     print(
-        f"job {job} rolled back to {where}: generation {reply['generation']}; running "
+        f"job {job} rolled back to {where}: generation {reply.generation}; running "
         "ranks abort on their next heartbeat and the restarted group restores from there"
     )
     return 0
@@ -169,13 +187,17 @@ def _http(url: str, token: str | None) -> httpx.Client:
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=10.0)
 
 
-def _get(http: httpx.Client, path: str) -> dict[str, Any]:
-    return _send(http, "GET", path, None)
+def _get(http: httpx.Client, path: str, reply: type[Reply]) -> Reply:
+    return _send(http, "GET", path, None, reply)
 
 
-def _send(http: httpx.Client, method: str, path: str, body: Any) -> dict[str, Any]:
+def _send(
+    http: httpx.Client, method: str, path: str, body: BaseModel | None, reply: type[Reply]
+) -> Reply:
+    """The coordinator's answer to one request, parsed as ``reply``."""
+    payload = None if body is None else body.model_dump(mode="json", exclude_none=True)
     try:
-        r = http.request(method, path, json=body)
+        r = http.request(method, path, json=payload)
     except httpx.TransportError as e:
         raise _CliError(
             f"cannot reach the coordinator at {http.base_url}: {e}; is "
@@ -189,8 +211,13 @@ def _send(http: httpx.Client, method: str, path: str, body: Any) -> dict[str, An
         raise _CliError(f"{detail}{hint}", code=2 if r.status_code == 422 else 1)
     if r.status_code >= 400:
         raise _CliError(f"coordinator answered HTTP {r.status_code}: {r.text[:200]}")
-    result: dict[str, Any] = r.json()
-    return result
+    try:
+        return reply.model_validate_json(r.content)
+    except ValidationError as e:
+        raise _CliError(
+            f"the coordinator at {http.base_url} sent a reply this checkflow cannot read "
+            f"(another version?): {e}"
+        ) from e
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -219,7 +246,7 @@ def _ago(t: float | None) -> str:
     return "-" if t is None else f"{max(0.0, time.time() - t):.1f}s ago"
 
 
-def _print_jobs(jobs: list[dict[str, Any]]) -> None:
+def _print_jobs(jobs: list[JobPublic]) -> None:
     if not jobs:
         print("no jobs")
         return
@@ -227,41 +254,41 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         ["JOB", "WORLD", "ALIVE", "GEN", "INTERVAL", "NEXT CKPT", "RESTORE", "FAILURES"],
         [
             [
-                j["name"],
-                j["world_size"],
-                j["ranks_alive"],
-                j["generation"],
-                j["interval"],
-                j["next_checkpoint_step"],
-                j["restore_step"],
-                j["failures"],
+                j.name,
+                j.world_size,
+                j.ranks_alive,
+                j.generation,
+                j.interval,
+                j.next_checkpoint_step,
+                j.restore_step,
+                j.failures,
             ]
             for j in jobs
         ],
     )
 
 
-def _print_ranks(ranks: list[dict[str, Any]]) -> None:
+def _print_ranks(ranks: list[RankPublic]) -> None:
     _table(
         ["RANK", "STATE", "ALIVE", "GEN", "STEP", "LAST HEARTBEAT", "ITER S", "STALL S", "NODE"],
         [
             [
-                r["rank"],
-                r["state"],
-                "yes" if r["alive"] else "no",
-                r["generation"],
-                r["step"],
-                _ago(r["last_heartbeat"]),
-                r["iteration_s"],
-                r["stall_s"],
-                r["node"],
+                r.rank,
+                r.state,
+                "yes" if r.alive else "no",
+                r.generation,
+                r.step,
+                _ago(r.last_heartbeat),
+                r.iteration_s,
+                r.stall_s,
+                r.node,
             ]
             for r in ranks
         ],
     )
 
 
-def _print_checkpoints(cks: list[dict[str, Any]]) -> None:
+def _print_checkpoints(cks: list[CheckpointPublic]) -> None:
     if not cks:
         print("no checkpoints")
         return
@@ -269,19 +296,19 @@ def _print_checkpoints(cks: list[dict[str, Any]]) -> None:
         ["STEP", "STATUS", "GEN", "RANKS", "BYTES", "COMMITTED"],
         [
             [
-                c["step"],
-                c["status"],
-                c["generation"],
-                f"{c['persisted_ranks']}/{c['world_size']}",
-                c["nbytes"],
-                _when(c["committed_at"]),
+                c.step,
+                c.status,
+                c.generation,
+                f"{c.persisted_ranks}/{c.world_size}",
+                c.nbytes,
+                _when(c.committed_at),
             ]
             for c in cks
         ],
     )
 
 
-def _print_events(events: list[dict[str, Any]]) -> None:
+def _print_events(events: list[EventPublic]) -> None:
     if not events:
         print("no events")
         return
@@ -289,11 +316,11 @@ def _print_events(events: list[dict[str, Any]]) -> None:
         ["TIME", "EVENT", "GEN", "RANK", "DETAIL"],
         [
             [
-                _when(e["time"]),
-                e["kind"],
-                e["generation"],
-                e["rank"],
-                ", ".join(f"{k}={_cell(v)}" for k, v in e["detail"].items()),
+                _when(e.time),
+                e.kind,
+                e.generation,
+                e.rank,
+                ", ".join(f"{k}={_cell(v)}" for k, v in e.detail.items()),
             ]
             for e in events
         ],

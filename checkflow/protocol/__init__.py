@@ -9,7 +9,7 @@ and no I/O, so that importing it never pulls in the training runtime.
 from __future__ import annotations
 
 from checkflow.protocol import paths
-from checkflow.protocol.fields import MAX_INT, MAX_NODE_NAME, MAX_RANK
+from checkflow.protocol.fields import MAX_INT, MAX_NODE_NAME, MAX_RANK, MAX_SECONDS
 from checkflow.protocol.messages import (
     CheckpointList,
     CheckpointPublic,
@@ -44,6 +44,7 @@ __all__ = [
     "MAX_INT",
     "MAX_NODE_NAME",
     "MAX_RANK",
+    "MAX_SECONDS",
     "Action",
     "CheckpointList",
     "CheckpointPublic",

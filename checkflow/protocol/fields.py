@@ -12,6 +12,8 @@ MAX_RANK = 2**31
 """Largest rank accepted (in bodies and in URL paths)."""
 MAX_NODE_NAME = 256
 """Longest node (host) name accepted in a URL path."""
+MAX_SECONDS = 1e9
+"""Largest duration accepted: a measurement beyond it is a bug, not a slow step."""
 
 
 def _no_bool(value: object) -> object:
@@ -31,6 +33,6 @@ Step = Annotated[
     int, Field(ge=0, le=MAX_INT, description="Training step (completed steps)."), NoBool
 ]
 Generation = Annotated[int, Field(ge=0, le=MAX_INT), NoBool]
-Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False), NoBool]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False), NoBool]
 RankId = Annotated[int, Field(ge=0, le=MAX_RANK), NoBool]
 DetailValue = str | int | float | bool | None
