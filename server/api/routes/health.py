@@ -13,7 +13,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", summary="The coordinator is up")
 async def healthz(coordinator: CoordinatorDep) -> Health:
-    return Health(status="ok", jobs=len(coordinator.jobs))
+    return coordinator.health()
 
 
 @router.get(
@@ -23,6 +23,5 @@ async def healthz(coordinator: CoordinatorDep) -> Health:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
 async def metrics(coordinator: CoordinatorDep) -> PlainTextResponse:
-    alive = {j.name: j.alive_ranks() for j in coordinator.jobs.values()}
-    text = coordinator.metrics.render(jobs=len(coordinator.jobs), ranks_alive=alive)
+    text = coordinator.render_metrics()
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
