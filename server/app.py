@@ -42,51 +42,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     through to SQLite, so two processes would disagree.
     """
     settings = settings or Settings()
-    repository = Repository(settings.db)
-    coordinator = Coordinator(repository, warmup_interval=settings.warmup_interval)
+    coordinator = Coordinator(Repository(settings.db), warmup_interval=settings.warmup_interval)
     coordinator.load()
     background: set[asyncio.Task[None]] = set()
-    storage_sync = StorageSync(coordinator, background, enabled=settings.sync_storage)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        repository.start_checkpointer()
-        background.add(
-            asyncio.create_task(
-                run_detector(
-                    coordinator,
-                    period_s=settings.detector_period_s,
-                    retune_period_s=settings.retune_period_s,
-                )
-            )
-        )
-        for name in list(coordinator.jobs):
-            storage_sync.schedule(name)
-        # Everything loaded so far lives as long as the process: keep the collector off it,
-        # and collect young objects less often (fewer pauses in the heartbeat tail).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 20)
-        try:
-            yield
-        finally:
-            for task in background:
-                task.cancel()
-            for task in background:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            repository.close()
-
     app = FastAPI(
         title="checkflow coordinator",
         version="1",
         description="Failure detection, checkpoint frequency and recovery for checkflow jobs.",
-        lifespan=lifespan,
+        lifespan=_lifespan,
     )
     app.state.settings = settings
     app.state.coordinator = coordinator
     app.state.background = background
-    app.state.storage_sync = storage_sync
+    app.state.storage_sync = StorageSync(coordinator, background, enabled=settings.sync_storage)
 
     v1 = APIRouter(prefix=paths.PREFIX, dependencies=[Depends(require_token)], responses=_ERRORS)
     for module in (jobs, ranks, checkpoints):
@@ -96,6 +64,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeartbeatFastPath, coordinator=coordinator, token=settings.token)
     _add_error_handlers(app)
     return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The running app's background work: WAL checkpoints, the failure detector, storage
+    listings; all stopped (and the database closed) at shutdown."""
+    settings: Settings = app.state.settings
+    coordinator: Coordinator = app.state.coordinator
+    background: set[asyncio.Task[None]] = app.state.background
+    coordinator.repository.start_checkpointer()
+    detector = run_detector(
+        coordinator, period_s=settings.detector_period_s, retune_period_s=settings.retune_period_s
+    )
+    background.add(asyncio.create_task(detector))
+    for name in list(coordinator.jobs):
+        app.state.storage_sync.schedule(name)
+    # Everything loaded so far lives as long as the process: keep the collector off it,
+    # and collect young objects less often (fewer pauses in the heartbeat tail).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        yield
+    finally:
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        coordinator.repository.close()
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -40,7 +40,9 @@ class StorageSync:
         enabled: False: :meth:`schedule` does nothing (``sync_storage=False``).
     """
 
-    def __init__(self, coordinator: Coordinator, tasks: set[asyncio.Task[None]], enabled: bool):
+    def __init__(
+        self, coordinator: Coordinator, tasks: set[asyncio.Task[None]], enabled: bool
+    ) -> None:
         self.coordinator = coordinator
         self.tasks = tasks
         self.enabled = enabled

@@ -27,7 +27,7 @@ class Action(StrEnum):
 
 
 class RankState(StrEnum):
-    """Where a rank stands in the job (see the state machine in the coordinator docs)."""
+    """Where a rank stands in its job."""
 
     UNREGISTERED = "unregistered"
     ALIVE = "alive"
