@@ -93,7 +93,7 @@ class Repository:
         if changes.ranks_cleared:
             conn.execute("DELETE FROM ranks WHERE job_id=?", (job.id,))
         if changes.heartbeats:
-            beats = [rows.rank_row(job.id, t, r) for r in changes.heartbeats]
+            beats = [rows.heartbeat_row(job.id, t, r) for r in changes.heartbeats]
             conn.executemany(_HEARTBEAT_SQL, beats)
         if changes.ranks:
             whole = [rows.rank_row(job.id, t, r) for r in changes.ranks]
@@ -114,6 +114,6 @@ def _insert(table: str, columns: tuple[str, ...]) -> str:
 
 _HEARTBEAT_SQL = (
     "UPDATE ranks SET "
-    + ", ".join(f"{c}=:{c}" for c in rows.HEARTBEAT_COLUMNS)
-    + " WHERE job_id=:job_id AND rank=:rank"
+    + ", ".join(f"{c}=?" for c in rows.HEARTBEAT_COLUMNS)
+    + " WHERE job_id=? AND rank=?"
 )

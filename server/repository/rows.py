@@ -58,7 +58,8 @@ CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
 """
 
 HEARTBEAT_COLUMNS = ("last_heartbeat", "step", "iteration_s", "stall_s", "persist_s", "node")
-"""The rank columns a heartbeat changes: the hot path updates only these."""
+"""The rank columns a heartbeat changes: the hot path updates only these, with the values
+of :func:`heartbeat_row` (a tuple, not a dict: this runs for every rank every second)."""
 
 
 # --- jobs -----------------------------------------------------------------------------
@@ -124,6 +125,21 @@ def rank_row(job_id: int, t: RankTable, rank: int) -> dict[str, Any]:
         "stall_s": measured(t.stall_s[rank]),
         "persist_s": measured(t.persist_s[rank]),
     }
+
+
+def heartbeat_row(job_id: int, t: RankTable, rank: int) -> tuple[object, ...]:
+    """The values of :data:`HEARTBEAT_COLUMNS` as :func:`rank_row` maps them, then the key
+    (job_id, rank)."""
+    return (
+        t.last_heartbeat[rank],
+        t.step[rank],
+        measured(t.iteration_s[rank]),
+        measured(t.stall_s[rank]),
+        measured(t.persist_s[rank]),
+        t.node[rank],
+        job_id,
+        rank,
+    )
 
 
 def load_rank(t: RankTable, row: sqlite3.Row) -> None:

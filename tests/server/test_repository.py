@@ -117,4 +117,10 @@ def test_every_column_of_the_schema_is_mapped_and_nothing_else(tmp_path: Path) -
     assert sorted(rows.checkpoint_row(1, ck)) == sorted(columns("checkpoints"))
     assert sorted(rows.part_row(1, 1, Part(0, 1, 0.1, "m", 1.0))) == sorted(columns("parts"))
     assert sorted([*rows.event_row(1, changes.events[0]), "id"]) == sorted(columns("events"))
-    assert set(rows.HEARTBEAT_COLUMNS) <= set(columns("ranks"))
+    job.ranks.iteration_s[0], job.ranks.node[0] = 0.5, "host"
+    whole = rows.rank_row(7, job.ranks, 0)
+    assert rows.heartbeat_row(7, job.ranks, 0) == (
+        *(whole[c] for c in rows.HEARTBEAT_COLUMNS),
+        7,
+        0,
+    )
