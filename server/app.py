@@ -12,21 +12,22 @@ from contextlib import asynccontextmanager
 from checkflow_server.api.deps import require_token, token_ok
 from checkflow_server.api.fastpath import HeartbeatFastPath
 from checkflow_server.api.routes import checkpoints, health, jobs, ranks
-from checkflow_server.coordinator import Conflict, Coordinator, NotFound
-from checkflow_server.db import Store
 from checkflow_server.detector import run_detector
-from checkflow_server.models import ErrorBody
+from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.repository import Repository
+from checkflow_server.service import Coordinator
 from checkflow_server.settings import Settings
-from checkflow_server.storage_sync import committed_steps
+from checkflow_server.storage_sync import StorageSync
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from checkflow.protocol import ErrorBody, paths
+
 logger = logging.getLogger(__name__)
 
-API_VERSION = "v1"
 _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong bearer token"},
     404: {"model": ErrorBody, "description": "Unknown job, rank or checkpoint"},
@@ -41,64 +42,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     through to SQLite, so two processes would disagree.
     """
     settings = settings or Settings()
-    store = Store(settings.db)
-    coordinator = Coordinator(store, warmup_interval=settings.warmup_interval)
+    coordinator = Coordinator(Repository(settings.db), warmup_interval=settings.warmup_interval)
     coordinator.load()
-
-    async def sync_storage(name: str) -> None:
-        job = coordinator.jobs.get(name)
-        if job is None or not job.storage_uri:
-            return
-        steps = await asyncio.to_thread(committed_steps, job.storage_uri)
-        added = coordinator.add_storage_commits(name, steps)  # back on the loop: SQLite here
-        if added:
-            logger.info("job %s: %d committed checkpoints found on storage", name, added)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tasks = app.state.background
-        store.start_checkpointer()
-        tasks.add(
-            asyncio.create_task(
-                run_detector(
-                    coordinator,
-                    period_s=settings.detector_period_s,
-                    retune_period_s=settings.retune_period_s,
-                )
-            )
-        )
-        if settings.sync_storage:
-            for name in list(coordinator.jobs):
-                tasks.add(asyncio.create_task(sync_storage(name)))
-        # Everything loaded so far lives as long as the process: keep the collector off it,
-        # and collect young objects less often (fewer pauses in the heartbeat tail).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 20)
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            store.close()
-
+    background: set[asyncio.Task[None]] = set()
     app = FastAPI(
         title="checkflow coordinator",
         version="1",
         description="Failure detection, checkpoint frequency and recovery for checkflow jobs.",
-        lifespan=lifespan,
+        lifespan=_lifespan,
     )
     app.state.settings = settings
     app.state.coordinator = coordinator
-    app.state.background = set()
-    app.state.storage_sync = sync_storage if settings.sync_storage else None
+    app.state.background = background
+    app.state.storage_sync = StorageSync(coordinator, background, enabled=settings.sync_storage)
 
-    v1 = APIRouter(
-        prefix=f"/{API_VERSION}", dependencies=[Depends(require_token)], responses=_ERRORS
-    )
+    v1 = APIRouter(prefix=paths.PREFIX, dependencies=[Depends(require_token)], responses=_ERRORS)
     for module in (jobs, ranks, checkpoints):
         v1.include_router(module.router)
     app.include_router(v1)
@@ -106,6 +64,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeartbeatFastPath, coordinator=coordinator, token=settings.token)
     _add_error_handlers(app)
     return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The running app's background work: WAL checkpoints, the failure detector, storage
+    listings; all stopped (and the database closed) at shutdown."""
+    settings: Settings = app.state.settings
+    coordinator: Coordinator = app.state.coordinator
+    background: set[asyncio.Task[None]] = app.state.background
+    coordinator.repository.start_checkpointer()
+    detector = run_detector(
+        coordinator, period_s=settings.detector_period_s, retune_period_s=settings.retune_period_s
+    )
+    background.add(asyncio.create_task(detector))
+    for name in list(coordinator.jobs):
+        app.state.storage_sync.schedule(name)
+    # Everything loaded so far lives as long as the process: keep the collector off it,
+    # and collect young objects less often (fewer pauses in the heartbeat tail).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+    try:
+        yield
+    finally:
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        coordinator.repository.close()
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -121,7 +109,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def validation(request: Request, exc: Exception) -> JSONResponse:
         # FastAPI parses the body before running dependencies: without this, a request
         # with no token and a bad body would learn about the body instead of getting 401.
-        if request.url.path.startswith(f"/{API_VERSION}/") and not token_ok(
+        if request.url.path.startswith(f"{paths.PREFIX}/") and not token_ok(
             request, request.headers.get("authorization")
         ):
             return JSONResponse(

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from checkflow_server.coordinator import Coordinator
+from checkflow_server.service import Coordinator
 
 logger = logging.getLogger(__name__)
 

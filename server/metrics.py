@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from checkflow_server.domain.changes import Changes, EventKind
+
 RECOVERY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
 
@@ -16,6 +18,16 @@ class Metrics:
     """Ranks declared failed."""
     recovery_durations: list[float] = field(default_factory=list)
     """Seconds from a failure to every rank registered in the new generation."""
+
+    def observe(self, changes: Changes) -> None:
+        """Count what one decision did."""
+        self.heartbeats += changes.heartbeats_received
+        self.checkpoints_committed += changes.committed
+        for event in changes.events:
+            if event.kind == EventKind.RANK_FAILED:
+                self.failures_detected += 1
+            elif event.kind == EventKind.RECOVERED:
+                self.recovery_durations.append(event.detail["duration_s"])
 
     def render(self, *, jobs: int, ranks_alive: dict[str, int]) -> str:
         """The Prometheus text format of these counters plus the given gauges."""

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -190,3 +191,57 @@ def test_heartbeat_retries_leave_the_training_random_sequence_alone(tmp_path: Pa
         time.sleep(0.6)  # backoff rounds (0.1, 0.2, 0.4 s) against a port nobody listens on
         assert c.generation is None
     assert random.getstate() == before
+
+
+def test_measurements_the_coordinator_would_refuse_are_left_out_of_heartbeats(
+    server: ThreadServer,
+) -> None:
+    # An infinite step time would be refused (422); a refused heartbeat is a missed one.
+    with make_client(server.url) as c:
+        assert c.register() is not None
+        c.start()
+        c.report_progress(5, float("inf"), float("nan"), -1.0)
+        wait_for(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 5)
+        rank = server.get("/v1/jobs/job/ranks")["ranks"][0]
+        assert (rank["state"], rank["iteration_s"], rank["stall_s"], rank["persist_s"]) == (
+            "alive",
+            None,
+            None,
+            None,
+        )
+
+
+def test_settings_the_coordinator_would_refuse_fail_at_construction() -> None:
+    with pytest.raises(ValueError, match="name"):
+        CoordinatorClient("http://127.0.0.1:9", "a/b", 0, 1)
+    with pytest.raises(ValueError, match="rank 2 is not in a job of world size 2"):
+        CoordinatorClient("http://127.0.0.1:9", "job", 2, 2)
+
+
+def test_a_reply_that_is_not_the_protocol_counts_as_unavailable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Garbage(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = b'{"unexpected": true}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    caplog.set_level(logging.WARNING, logger="checkflow.client")
+    try:
+        with make_client(f"http://127.0.0.1:{httpd.server_address[1]}") as c:
+            assert c.register() is None  # training goes on, as with no coordinator
+            assert c.should_checkpoint(10) is None
+    finally:
+        httpd.shutdown()
+        thread.join(10)
+    assert any("unreadable reply to POST /v1/jobs" in r.getMessage() for r in caplog.records)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from checkflow_server.coordinator import Coordinator
+from checkflow_server.service import Coordinator
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -40,4 +40,4 @@ async def get_coordinator(request: Request) -> Coordinator:
 
 
 CoordinatorDep = Annotated[Coordinator, Depends(get_coordinator)]
-"""The coordinator that owns this app's state."""
+"""The coordinator service that owns this app's state."""

@@ -4,29 +4,24 @@ dependency resolution.
 Heartbeats are nearly all the coordinator's traffic (every rank or node, every second).
 Profiling showed FastAPI's route matching and dependency solving costing several times the
 work itself. This ASGI middleware serves a heartbeat that is well-formed, authorized and
-accepted with the same models and the same :class:`Coordinator` call as the documented
-routes in ``routes/ranks.py``; anything else (bad token, bad body, unknown job, conflict)
-is handed to FastAPI with the body replayed, so errors are exactly the documented ones and
-a refused request still has no effect (the coordinator validates before it changes).
+accepted with the same models and the same :class:`Coordinator` methods as the documented
+routes in ``routes/ranks.py`` (the reply is built once, by the rule); anything else (bad
+token, bad body, unknown job, conflict) is handed to FastAPI with the body replayed, so
+errors are exactly the documented ones and a refused request still has no effect (the
+rules validate before they change anything).
 """
 
 from __future__ import annotations
 
 import hmac
-import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from checkflow_server.api.convert import schedule_of
-from checkflow_server.coordinator import Conflict, Coordinator, NotFound, RankReport
-from checkflow_server.models import (
-    Heartbeat,
-    HeartbeatReply,
-    NodeHeartbeat,
-    NodeHeartbeatReply,
-    RankAction,
-)
+from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.service import Coordinator
 from pydantic import BaseModel, ValidationError
+
+from checkflow.protocol import MAX_NODE_NAME, MAX_RANK, Heartbeat, NodeHeartbeat, paths
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -34,8 +29,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_PATH = re.compile(r"^/v1/jobs/([^/]+)/(ranks|nodes)/([^/]+)/heartbeat$")
-_MAX_RANK = 2**31
+_RANK_PATH = paths.pattern(paths.RANK_HEARTBEAT)
+_NODE_PATH = paths.pattern(paths.NODE_HEARTBEAT)
 _MAX_BODY = 1 << 20
 
 
@@ -50,11 +45,13 @@ class HeartbeatFastPath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        m = _PATH.match(scope["path"])
+        path = scope["path"]
+        m = _RANK_PATH.match(path) or _NODE_PATH.match(path)
         if m is None or not self._acceptable_headers(scope):
             return await self.app(scope, receive, send)
+        job, who = m.groups()
         body = await _read_body(receive)
-        reply = None if body is None else self._serve(m.group(1), m.group(2), m.group(3), body)
+        reply = None if body is None else self._serve(m.re is _RANK_PATH, job, who, body)
         if reply is None:
             return await self.app(scope, _replay(body or b"", receive), send)
         payload = reply.model_dump_json().encode()
@@ -83,43 +80,20 @@ class HeartbeatFastPath:
             return True
         return auth is not None and hmac.compare_digest(auth, self.expected)
 
-    def _serve(self, job: str, kind: str, who: str, body: bytes) -> BaseModel | None:
+    def _serve(self, one_rank: bool, job: str, who: str, body: bytes) -> BaseModel | None:
         """The reply of an accepted heartbeat; None: let FastAPI answer (it will refuse)."""
         try:
-            if kind == "ranks":
-                if not who.isdigit() or int(who) > _MAX_RANK:
+            if one_rank:
+                if not (who.isascii() and who.isdigit()) or int(who) > MAX_RANK:
                     return None
                 hb = Heartbeat.model_validate_json(body)
-                report = RankReport(
-                    int(who), hb.generation, hb.step, hb.iteration_s, hb.stall_s, hb.persist_s
-                )
-                j, (action,) = self.coordinator.heartbeat(job, [report])
-                return HeartbeatReply(
-                    action=action,
-                    generation=j.generation,
-                    interval=j.interval,
-                    next_checkpoint_step=j.next_checkpoint_step(),
-                    schedule=schedule_of(j),
-                )
-            if len(who) > 256:
+                return self.coordinator.rank_heartbeat(job, int(who), hb)
+            if len(who) > MAX_NODE_NAME:
                 return None
             node = NodeHeartbeat.model_validate_json(body)
-            reports = [
-                RankReport(r.rank, r.generation, r.step, r.iteration_s, r.stall_s, r.persist_s)
-                for r in node.ranks
-            ]
-            j, actions = self.coordinator.heartbeat(job, reports, node=who)
+            return self.coordinator.node_heartbeat(job, who, node)
         except (ValidationError, NotFound, Conflict):
             return None
-        return NodeHeartbeatReply(
-            generation=j.generation,
-            interval=j.interval,
-            next_checkpoint_step=j.next_checkpoint_step(),
-            schedule=schedule_of(j),
-            ranks=[
-                RankAction(rank=r.rank, action=a) for r, a in zip(reports, actions, strict=True)
-            ],
-        )
 
 
 async def _read_body(receive: Receive) -> bytes | None:

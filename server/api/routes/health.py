@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from checkflow_server.api.deps import CoordinatorDep
-from checkflow_server.models import Health
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
+
+from checkflow.protocol import Health
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", summary="The coordinator is up")
 async def healthz(coordinator: CoordinatorDep) -> Health:
-    return Health(status="ok", jobs=len(coordinator.jobs))
+    return coordinator.health()
 
 
 @router.get(
@@ -22,6 +23,5 @@ async def healthz(coordinator: CoordinatorDep) -> Health:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
 async def metrics(coordinator: CoordinatorDep) -> PlainTextResponse:
-    alive = {j.name: j.alive_ranks() for j in coordinator.jobs.values()}
-    text = coordinator.metrics.render(jobs=len(coordinator.jobs), ranks_alive=alive)
+    text = coordinator.render_metrics()
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,43 +1,35 @@
-"""Request and response bodies of the coordinator API (``/v1``)."""
+"""Request and response bodies of the coordinator API (``/v1``).
+
+Requests are strict (an unknown field is a 422: a typo must not pass silently); replies
+ignore fields they do not know, so that a newer coordinator can add fields without
+breaking older clients.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-MAX_INT = 2**53 - 1
-"""Largest integer accepted: beyond it, JSON numbers parsed as doubles stop being exact."""
-
-
-def _no_bool(value: object) -> object:
-    # JSON true/false is not a number, although Python's bool is an int.
-    if isinstance(value, bool):
-        raise ValueError("a number is required, not a boolean")
-    return value
-
-
-NoBool = BeforeValidator(_no_bool)
-
-JobName = Annotated[
-    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="Job name.")
-]
-# NoBool after Field: the other way round, the bounds leave the JSON schema.
-Step = Annotated[
-    int, Field(ge=0, le=MAX_INT, description="Training step (completed steps)."), NoBool
-]
-Generation = Annotated[int, Field(ge=0, le=MAX_INT), NoBool]
-Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False), NoBool]
-RankId = Annotated[int, Field(ge=0, le=2**31), NoBool]
-Action = Literal["continue", "abort"]
-CheckpointStatus = Literal["in_progress", "committed", "abandoned"]
-DetailValue = str | int | float | bool | None
+from checkflow.protocol.fields import (
+    MAX_INT,
+    DetailValue,
+    Generation,
+    JobName,
+    NoBool,
+    RankId,
+    Seconds,
+    Step,
+)
+from checkflow.protocol.schedule import Schedule
+from checkflow.protocol.status import Action, CheckpointSource, CheckpointStatus, RankState
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# --- jobs -------------------------------------------------------------------------------
 class JobCreate(Strict):
     name: JobName
     world_size: Annotated[int, Field(ge=1, le=131_072, description="Number of ranks."), NoBool]
@@ -52,16 +44,6 @@ class JobCreate(Strict):
     heartbeat_timeout_s: Annotated[
         float, Field(ge=0.1, le=86400, description="A rank silent this long is failed."), NoBool
     ] = 10.0
-
-
-class Schedule(BaseModel):
-    """Checkpoint steps: ``anchor + k * interval`` from ``anchor`` on; below ``anchor``,
-    ``previous_anchor + k * previous_interval`` (when set)."""
-
-    anchor: int
-    interval: int
-    previous_anchor: int | None = None
-    previous_interval: int | None = None
 
 
 class JobPublic(BaseModel):
@@ -85,6 +67,29 @@ class JobList(BaseModel):
     jobs: list[JobPublic]
 
 
+class RestorePoint(BaseModel):
+    generation: int
+    step: int | None = Field(description="Newest checkpoint every rank committed; null: none.")
+
+
+class RecoverRequest(Strict):
+    step: Step | None = Field(default=None, description="Committed step; default the newest.")
+
+
+class EventPublic(BaseModel):
+    id: int
+    time: float
+    kind: str
+    generation: int
+    rank: int | None
+    detail: dict[str, DetailValue]
+
+
+class EventList(BaseModel):
+    events: list[EventPublic]
+
+
+# --- ranks ------------------------------------------------------------------------------
 class RegisterRequest(Strict):
     instance: str | None = Field(
         default=None, max_length=128, description="Id of this process; a retry reuses it."
@@ -106,11 +111,6 @@ class Heartbeat(Strict):
     iteration_s: Seconds | None = Field(default=None, description="Median step time.")
     stall_s: Seconds | None = Field(default=None, description="Training time lost per snapshot.")
     persist_s: Seconds | None = Field(default=None, description="Snapshot-to-commit time.")
-
-
-class FinishRequest(Strict):
-    generation: Generation
-    step: Step | None = Field(default=None, description="The last step trained.")
 
 
 class HeartbeatReply(BaseModel):
@@ -142,10 +142,15 @@ class NodeHeartbeatReply(BaseModel):
     ranks: list[RankAction]
 
 
+class FinishRequest(Strict):
+    generation: Generation
+    step: Step | None = Field(default=None, description="The last step trained.")
+
+
 class RankPublic(BaseModel):
     rank: int
     generation: int
-    state: Literal["unregistered", "alive", "failed", "aborted", "finished"]
+    state: RankState
     alive: bool = Field(description="Alive in the job's current generation.")
     step: int
     node: str | None
@@ -160,6 +165,7 @@ class RankList(BaseModel):
     ranks: list[RankPublic]
 
 
+# --- checkpoints ------------------------------------------------------------------------
 class PartReport(Strict):
     generation: Generation
     nbytes: Annotated[int, Field(ge=0, le=MAX_INT), NoBool]
@@ -189,35 +195,14 @@ class CheckpointPublic(BaseModel):
     started: float
     committed_at: float | None
     committer: int | None
-    source: Literal["ranks", "storage"]
+    source: CheckpointSource
 
 
 class CheckpointList(BaseModel):
     checkpoints: list[CheckpointPublic]
 
 
-class RestorePoint(BaseModel):
-    generation: int
-    step: int | None = Field(description="Newest checkpoint every rank committed; null: none.")
-
-
-class RecoverRequest(Strict):
-    step: Step | None = Field(default=None, description="Committed step; default the newest.")
-
-
-class EventPublic(BaseModel):
-    id: int
-    time: float
-    kind: str
-    generation: int
-    rank: int | None
-    detail: dict[str, DetailValue]
-
-
-class EventList(BaseModel):
-    events: list[EventPublic]
-
-
+# --- service ----------------------------------------------------------------------------
 class Health(BaseModel):
     status: Literal["ok"]
     jobs: int

@@ -1,0 +1,65 @@
+"""One connection to the coordinator that speaks the protocol: a request is a model, and a
+reply is parsed into the model the API documents for it."""
+
+from __future__ import annotations
+
+import threading
+from typing import TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+Reply = TypeVar("Reply", bound=BaseModel)
+
+
+class CoordinatorUnavailable(RuntimeError):
+    """The coordinator could not be used: network error, timeout, 5xx, or a reply this
+    client cannot read (a coordinator of an incompatible version)."""
+
+
+class Channel:
+    """A keep-alive HTTP connection to the coordinator, used by one caller at a time.
+
+    Args:
+        url: Base URL of the coordinator, e.g. ``http://coord:8470``.
+        token: Bearer token of the coordinator, if it has one.
+        timeout_s: Timeout of each request.
+    """
+
+    def __init__(self, url: str, token: str | None, timeout_s: float) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
+        self._lock = threading.Lock()
+
+    def call(self, method: str, path: str, body: BaseModel, reply: type[Reply]) -> Reply:
+        """Send ``body`` (fields left at None are omitted) and parse the answer as ``reply``.
+
+        Raises:
+            CoordinatorUnavailable: no answer, a 5xx, or an answer that is not a ``reply``.
+            httpx.HTTPStatusError: the coordinator refused (4xx); see :func:`why`.
+        """
+        payload = body.model_dump(mode="json", exclude_none=True)
+        try:
+            with self._lock:
+                response = self._http.request(method, path, json=payload)
+        except httpx.TransportError as e:
+            raise CoordinatorUnavailable(f"{type(e).__name__}: {e}") from e
+        if response.status_code >= 500:
+            raise CoordinatorUnavailable(f"HTTP {response.status_code}")
+        response.raise_for_status()
+        try:
+            return reply.model_validate_json(response.content)
+        except ValidationError as e:
+            raise CoordinatorUnavailable(f"unreadable reply to {method} {path}: {e}") from e
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def why(error: httpx.HTTPStatusError) -> str:
+    """The status and the coordinator's ``detail`` of a refused request."""
+    try:
+        detail = error.response.json().get("detail")
+    except ValueError:
+        detail = error.response.text
+    return f"HTTP {error.response.status_code}: {detail}"

@@ -1,0 +1,79 @@
+"""The coordinator's wire protocol, defined once: request and reply models, statuses, URL
+paths and the checkpoint schedule.
+
+The server (``checkflow_server``), the rank client (:mod:`checkflow.client`) and the CLI all
+import it, and parse what they receive with these models. Pure: pydantic only, no torch
+and no I/O, so that importing it never pulls in the training runtime.
+"""
+
+from __future__ import annotations
+
+from checkflow.protocol import paths
+from checkflow.protocol.fields import MAX_INT, MAX_NODE_NAME, MAX_RANK, MAX_SECONDS
+from checkflow.protocol.messages import (
+    CheckpointList,
+    CheckpointPublic,
+    CommitReport,
+    ErrorBody,
+    EventList,
+    EventPublic,
+    FinishRequest,
+    Health,
+    Heartbeat,
+    HeartbeatReply,
+    JobCreate,
+    JobList,
+    JobPublic,
+    NodeHeartbeat,
+    NodeHeartbeatReply,
+    PartReply,
+    PartReport,
+    RankAction,
+    RankHeartbeat,
+    RankList,
+    RankPublic,
+    RecoverRequest,
+    RegisterRequest,
+    Registration,
+    RestorePoint,
+)
+from checkflow.protocol.schedule import Schedule
+from checkflow.protocol.status import Action, CheckpointSource, CheckpointStatus, RankState
+
+__all__ = [
+    "MAX_INT",
+    "MAX_NODE_NAME",
+    "MAX_RANK",
+    "MAX_SECONDS",
+    "Action",
+    "CheckpointList",
+    "CheckpointPublic",
+    "CheckpointSource",
+    "CheckpointStatus",
+    "CommitReport",
+    "ErrorBody",
+    "EventList",
+    "EventPublic",
+    "FinishRequest",
+    "Health",
+    "Heartbeat",
+    "HeartbeatReply",
+    "JobCreate",
+    "JobList",
+    "JobPublic",
+    "NodeHeartbeat",
+    "NodeHeartbeatReply",
+    "PartReply",
+    "PartReport",
+    "RankAction",
+    "RankHeartbeat",
+    "RankList",
+    "RankPublic",
+    "RankState",
+    "RecoverRequest",
+    "RegisterRequest",
+    "Registration",
+    "RestorePoint",
+    "Schedule",
+    "paths",
+]

@@ -1,0 +1,57 @@
+"""The closed sets of words the coordinator API uses, one ``StrEnum`` each.
+
+They serialize as their plain string values (``"alive"``, ``"abort"``), so the JSON on the
+wire is what it always was; in code they are checked names instead of bare strings.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10 lacks enum.StrEnum; same behaviour for our use
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+class Action(StrEnum):
+    """What a heartbeat reply tells a rank to do."""
+
+    CONTINUE = "continue"
+    ABORT = "abort"
+    """The job moved to a new generation: exit so that the group restarts and restores."""
+
+
+class RankState(StrEnum):
+    """Where a rank stands in its job."""
+
+    UNREGISTERED = "unregistered"
+    ALIVE = "alive"
+    """Registered in some generation and heartbeating; watched by the failure detector."""
+    FAILED = "failed"
+    """Declared failed: missed heartbeats or re-registered after a crash."""
+    ABORTED = "aborted"
+    """Was told to abort (its generation ended); no longer watched."""
+    FINISHED = "finished"
+    """Ended training normally; its silence is not a failure."""
+
+
+class CheckpointStatus(StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMMITTED = "committed"
+    """Its global manifest is written: a restore point."""
+    ABANDONED = "abandoned"
+    """Never to be committed: its generation ended, or a roll-back went past it."""
+
+
+class CheckpointSource(StrEnum):
+    """How the coordinator learned of a checkpoint."""
+
+    RANKS = "ranks"
+    """Reported through the API by the ranks that wrote it."""
+    STORAGE = "storage"
+    """Found committed (``MANIFEST.json``) when listing the job's storage."""

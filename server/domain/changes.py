@@ -1,0 +1,87 @@
+"""What one decision changed: the repository writes it, the metrics count it.
+
+A rule changes the job's in-memory state and records here which rows that touched, so that
+the repository writes exactly those in one transaction, and the events it produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkflow_server.domain.state import Checkpoint, Job, Part
+
+from checkflow.protocol.status import StrEnum
+
+
+class EventKind(StrEnum):
+    """Kinds of the job's event log (``GET /v1/jobs/{job}/events``)."""
+
+    JOB_CREATED = "job_created"
+    RESIZED = "resized"
+    RANK_FAILED = "rank_failed"
+    GENERATION_STARTED = "generation_started"
+    RECOVERED = "recovered"
+    ROLLBACK_REQUESTED = "rollback_requested"
+    INTERVAL_CHANGED = "interval_changed"
+
+
+@dataclass(slots=True)
+class Event:
+    kind: EventKind
+    time: float
+    generation: int
+    """The job's generation when it happened."""
+    rank: int | None
+    detail: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Changes:
+    """Rows a rule changed (to write) and what it observed (to count)."""
+
+    created: bool = False
+    """The job is new: insert it (the repository gives it its id)."""
+    job: bool = False
+    """The job's own fields changed."""
+    ranks_cleared: bool = False
+    """Every rank row of the job goes (it was resized); rows in ``ranks`` come after."""
+    ranks: dict[int, None] = field(default_factory=dict)
+    """Ranks to write whole (an ordered set)."""
+    heartbeats: list[int] = field(default_factory=list)
+    """Ranks whose heartbeat fields (time, step, measurements, node) changed."""
+    checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
+    """Checkpoints to write, by step."""
+    parts_cleared: list[int] = field(default_factory=list)
+    """Steps whose reported parts go (a new attempt at the step)."""
+    parts: list[tuple[int, Part]] = field(default_factory=list)
+    """(step, part) to write."""
+    events: list[Event] = field(default_factory=list)
+    heartbeats_received: int = 0
+    committed: int = 0
+    """Checkpoints that became committed."""
+
+    def writes(self) -> bool:
+        """Whether anything is to be written."""
+        return bool(
+            self.created
+            or self.job
+            or self.ranks_cleared
+            or self.ranks
+            or self.heartbeats
+            or self.checkpoints
+            or self.parts_cleared
+            or self.parts
+            or self.events
+        )
+
+    def event(
+        self, job: Job, kind: EventKind, now: float, rank: int | None, detail: dict[str, Any]
+    ) -> None:
+        self.events.append(Event(kind, now, job.generation, rank, detail))
+
+    def rank(self, rank: int) -> None:
+        self.ranks[rank] = None
+
+    def checkpoint(self, ck: Checkpoint) -> None:
+        self.checkpoints[ck.step] = ck

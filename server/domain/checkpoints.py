@@ -1,0 +1,132 @@
+"""Rules for checkpoints: per-rank persist reports, the commit, commits found on storage.
+
+A checkpoint is committed once its global manifest is written; exactly one rank writes it:
+the one whose report completed the set of ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from checkflow_server.domain.changes import Changes
+from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.domain.ranks import check_rank
+from checkflow_server.domain.state import Checkpoint, Job, Part
+from checkflow_server.domain.views import checkpoint_public
+
+from checkflow.protocol import (
+    CheckpointPublic,
+    CheckpointSource,
+    CheckpointStatus,
+    CommitReport,
+    PartReply,
+    PartReport,
+)
+
+IN_PROGRESS = CheckpointStatus.IN_PROGRESS
+COMMITTED = CheckpointStatus.COMMITTED
+ABANDONED = CheckpointStatus.ABANDONED
+
+
+def report_part(
+    job: Job, step: int, rank: int, body: PartReport, now: float
+) -> tuple[PartReply, Changes]:
+    """``rank`` persisted its part of ``step``; the reply says whether it must commit.
+
+    Exactly one rank is told to commit: the one whose report completed the set (asked
+    again, it gets True again, so a retried request is safe).
+
+    Raises:
+        NotFound: an unknown rank.
+        Conflict: a stale generation, or a step abandoned in this generation.
+    """
+    check_rank(job, rank)
+    if body.generation != job.generation:
+        raise Conflict(
+            f"generation {body.generation} is not the job's current generation {job.generation}"
+        )
+    changes = Changes()
+    ck = job.checkpoints.get(step)
+    if ck is not None and ck.status == COMMITTED:
+        return _part_reply(job, ck, must_commit=False), changes
+    # An abandoned attempt at this step from an older generation does not count: the
+    # restarted group takes the step again from scratch.
+    retry = ck is not None and ck.status == ABANDONED and ck.generation < body.generation
+    if ck is not None and ck.status == ABANDONED and not retry:
+        raise Conflict(f"checkpoint {step} was abandoned (the job moved on)")
+    if ck is None or retry:
+        ck = Checkpoint(step=step, generation=body.generation, status=IN_PROGRESS, started=now)
+        job.checkpoints[step] = ck
+        if retry:
+            changes.parts_cleared.append(step)
+    old = ck.parts.get(rank)
+    ck.nbytes += body.nbytes - (old.nbytes if old else 0)
+    part = Part(rank, body.nbytes, body.duration_s, body.manifest_path, now)
+    ck.parts[rank] = part
+    ck.persisted = len(ck.parts)
+    if len(ck.parts) == job.world_size and ck.committer is None:
+        ck.committer = rank
+    changes.checkpoint(ck)
+    changes.parts.append((step, part))
+    return _part_reply(job, ck, must_commit=ck.committer == rank), changes
+
+
+def commit(job: Job, step: int, body: CommitReport, now: float) -> tuple[CheckpointPublic, Changes]:
+    """The global manifest of ``step`` is written: it is a restore point from now on.
+
+    Raises:
+        NotFound: no rank reported a part of ``step``.
+        Conflict: not every rank has persisted its part.
+    """
+    ck = job.checkpoints.get(step)
+    if ck is None:
+        raise NotFound(f"checkpoint {step} of job {job.name!r} not found")
+    changes = Changes()
+    if ck.status == COMMITTED:
+        return checkpoint_public(job, ck), changes
+    if ck.persisted < job.world_size:
+        raise Conflict(
+            f"checkpoint {step}: only {ck.persisted} of {job.world_size} ranks persisted"
+        )
+    ck.status = COMMITTED
+    ck.committed_at = now
+    if body.rank is not None and ck.committer is None:
+        ck.committer = body.rank
+    changes.checkpoint(ck)
+    changes.committed += 1
+    return checkpoint_public(job, ck), changes
+
+
+def learn_commits(job: Job, steps: Iterable[int], now: float) -> Changes:
+    """Steps found committed on storage (``MANIFEST.json``): storage, not the coordinator,
+    is the source of truth for commits (after a lost database, or while it was down)."""
+    changes = Changes()
+    for step in steps:
+        ck = job.checkpoints.get(step)
+        if ck is None:
+            ck = Checkpoint(
+                step=step,
+                generation=job.generation,
+                status=COMMITTED,
+                started=now,
+                committed_at=now,
+                source=CheckpointSource.STORAGE,
+            )
+            job.checkpoints[step] = ck
+        elif ck.status == IN_PROGRESS:
+            ck.status, ck.committed_at = COMMITTED, now
+        else:
+            continue
+        changes.checkpoint(ck)
+        changes.committed += 1
+    return changes
+
+
+def _part_reply(job: Job, ck: Checkpoint, *, must_commit: bool) -> PartReply:
+    return PartReply(
+        step=ck.step,
+        status=ck.status,
+        persisted_ranks=ck.persisted,
+        world_size=job.world_size,
+        must_commit=must_commit,
+    )

@@ -1,0 +1,78 @@
+"""Rules for jobs: creation (or the existing job of that name), resizing, roll-back."""
+
+from __future__ import annotations
+
+from checkflow_server.domain.changes import Changes, EventKind
+from checkflow_server.domain.errors import Conflict
+from checkflow_server.domain.generation import new_generation
+from checkflow_server.domain.state import Job, RankTable
+from checkflow_server.domain.views import restore_point
+
+from checkflow.protocol import CheckpointStatus, JobCreate, RecoverRequest, RestorePoint, Schedule
+
+
+def create_job(body: JobCreate, now: float, warmup_interval: int) -> tuple[Job, Changes]:
+    """A new job in generation 1, checkpointing every ``warmup_interval`` steps until the
+    ranks have reported what a checkpoint costs."""
+    job = Job(
+        id=0,
+        name=body.name,
+        storage_uri=body.storage_uri,
+        world_size=body.world_size,
+        max_overhead=body.max_overhead,
+        heartbeat_timeout_s=body.heartbeat_timeout_s,
+        created=now,
+        generation=1,
+        generation_started=now,
+        schedule=Schedule(anchor=warmup_interval, interval=warmup_interval),
+    )
+    # Rank rows are written when ranks register: creating a big job stays cheap.
+    changes = Changes(created=True)
+    changes.event(job, EventKind.JOB_CREATED, now, None, {"world_size": body.world_size})
+    return job, changes
+
+
+def reopen_job(job: Job, body: JobCreate, now: float) -> Changes:
+    """A create request for an existing job: the job keeps its settings; only a different
+    world size is taken (the job restarted elastically), which starts a new generation
+    with fresh ranks."""
+    changes = Changes()
+    if job.world_size == body.world_size:
+        return changes
+    old = job.world_size
+    job.world_size = body.world_size
+    job.ranks = RankTable(body.world_size)
+    changes.ranks_cleared = True
+    detail = {"old_world_size": old, "world_size": body.world_size}
+    changes.event(job, EventKind.RESIZED, now, None, detail)
+    new_generation(job, now, f"world size changed from {old} to {body.world_size}", changes)
+    return changes
+
+
+def recover(job: Job, body: RecoverRequest, now: float) -> tuple[RestorePoint, Changes]:
+    """Roll the job back to committed ``body.step`` (default: the newest) in a new
+    generation. Newer committed checkpoints are abandoned so that the restore point is
+    that step; alive ranks are told to abort on their next heartbeat.
+
+    Raises:
+        Conflict: ``body.step`` is not a committed checkpoint. 409, not 404: the URL names
+            the job, which exists; the step in the body does not fit its state.
+    """
+    step = body.step
+    if step is not None:
+        ck = job.checkpoints.get(step)
+        if ck is None or ck.status != CheckpointStatus.COMMITTED:
+            state = "not found" if ck is None else ck.status
+            raise Conflict(
+                f"checkpoint {step} of job {job.name!r} is {state}: only a committed "
+                "checkpoint can be restored"
+            )
+    changes = Changes()
+    if step is not None:
+        for newer in job.checkpoints.values():
+            if newer.step > step and newer.status == CheckpointStatus.COMMITTED:
+                newer.status = CheckpointStatus.ABANDONED
+                changes.checkpoint(newer)
+    changes.event(job, EventKind.ROLLBACK_REQUESTED, now, None, {"step": step})
+    new_generation(job, now, "rollback requested", changes)
+    return restore_point(job), changes

@@ -1,0 +1,137 @@
+"""In-memory state of the coordinator: jobs, their ranks (column arrays) and checkpoints.
+
+The ranks of a job are held column-wise (one list per field) so that the hot paths stay
+cheap for thousands of ranks: the failure detector takes ``min(watch)`` and the policy
+takes ``max(iteration_s)`` in C instead of walking objects. How this maps to database rows
+is the repository's business (:mod:`checkflow_server.repository.rows`), not this module's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from checkflow.protocol import CheckpointSource, CheckpointStatus, RankState, Schedule
+
+UNKNOWN = -1.0
+"""Marker for a measurement a rank has not reported yet (all real values are >= 0)."""
+
+ALIVE = RankState.ALIVE
+COMMITTED = CheckpointStatus.COMMITTED
+
+
+class RankTable:
+    """The ranks of one job, one list per field, indexed by rank."""
+
+    __slots__ = (
+        "generation",
+        "state",
+        "instance",
+        "node",
+        "registered_at",
+        "last_heartbeat",
+        "watch",
+        "step",
+        "iteration_s",
+        "stall_s",
+        "persist_s",
+    )
+
+    def __init__(self, world_size: int) -> None:
+        self.generation = [0] * world_size
+        self.state = [RankState.UNREGISTERED] * world_size
+        self.instance: list[str | None] = [None] * world_size
+        self.node: list[str | None] = [None] * world_size
+        self.registered_at: list[float | None] = [None] * world_size
+        self.last_heartbeat: list[float | None] = [None] * world_size
+        self.watch = [math.inf] * world_size
+        """last_heartbeat of watched (alive) ranks, +inf for the others: min() = oldest."""
+        self.step = [0] * world_size
+        self.iteration_s = [UNKNOWN] * world_size
+        self.stall_s = [UNKNOWN] * world_size
+        self.persist_s = [UNKNOWN] * world_size
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def forget_measurements(self, rank: int) -> None:
+        """Measurements of an earlier process of ``rank`` describe another run."""
+        self.iteration_s[rank] = self.stall_s[rank] = self.persist_s[rank] = UNKNOWN
+
+    def unwatch(self, rank: int, state: RankState) -> None:
+        """``rank`` leaves the alive state: the failure detector stops watching it."""
+        self.state[rank] = state
+        self.watch[rank] = math.inf
+
+
+@dataclass(slots=True)
+class Part:
+    """One rank's persisted share of a checkpoint."""
+
+    rank: int
+    nbytes: int
+    duration_s: float
+    manifest_path: str
+    reported_at: float
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    step: int
+    generation: int
+    status: CheckpointStatus
+    started: float
+    committed_at: float | None = None
+    committer: int | None = None
+    nbytes: int = 0
+    source: CheckpointSource = CheckpointSource.RANKS
+    persisted: int = 0
+    """Ranks that reported their part (kept when ``parts`` is not loaded)."""
+    parts: dict[int, Part] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Job:
+    id: int
+    """The repository's key; 0 until the job is first written."""
+    name: str
+    storage_uri: str | None
+    world_size: int
+    max_overhead: float
+    heartbeat_timeout_s: float
+    created: float
+    generation: int
+    generation_started: float
+    schedule: Schedule
+    max_step: int = 0
+    """Furthest step reported in the current generation."""
+    failures: int = 0
+    recovering_since: float | None = None
+    """When the current generation started after a failure, until every rank registered."""
+    registered: int = 0
+    """Ranks registered in the current generation (recovery completes at world size)."""
+    ranks: RankTable = field(init=False)
+    checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ranks = RankTable(self.world_size)
+
+    @property
+    def interval(self) -> int:
+        return self.schedule.interval
+
+    def restore_step(self) -> int | None:
+        """The newest checkpoint every rank committed, or None."""
+        committed = [c.step for c in self.checkpoints.values() if c.status == COMMITTED]
+        return max(committed) if committed else None
+
+    def next_checkpoint_step(self) -> int:
+        return self.schedule.next_after(self.max_step)
+
+    def is_alive(self, rank: int) -> bool:
+        """Alive in the job's current generation."""
+        t = self.ranks
+        return t.state[rank] == ALIVE and t.generation[rank] == self.generation
+
+    def alive_ranks(self) -> int:
+        return sum(1 for r in range(self.world_size) if self.is_alive(r))

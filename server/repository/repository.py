@@ -1,0 +1,119 @@
+"""All of the coordinator's SQL: loading jobs at startup, writing what a rule changed,
+reading the event log. Rows are mapped in :mod:`.rows`."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from pathlib import Path
+
+from checkflow_server.domain.changes import Changes
+from checkflow_server.domain.state import Job
+from checkflow_server.repository import rows
+from checkflow_server.repository.database import Database
+
+from checkflow.protocol import CheckpointStatus, EventPublic
+
+
+class Repository:
+    """The coordinator's state in SQLite; the in-memory state is loaded from here at
+    startup and written through, one transaction per decision."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.db = Database(path, rows.SCHEMA)
+
+    def start_checkpointer(self) -> None:
+        """See :meth:`Database.start_checkpointer`."""
+        self.db.start_checkpointer()
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- reads --------------------------------------------------------------------------
+    def load_jobs(self) -> list[Job]:
+        """Every job with its ranks and checkpoints (and the parts of unfinished ones)."""
+        return [
+            self._load(rows.job_from_row(row))
+            for row in self._rows("SELECT * FROM jobs ORDER BY id")
+        ]
+
+    def _load(self, job: Job) -> Job:
+        for row in self._rows("SELECT * FROM ranks WHERE job_id=?", job.id):
+            if row["rank"] < job.world_size:
+                rows.load_rank(job.ranks, row)
+        for row in self._rows("SELECT * FROM checkpoints WHERE job_id=? ORDER BY step", job.id):
+            ck = rows.checkpoint_from_row(row)
+            if ck.status == CheckpointStatus.IN_PROGRESS:
+                sql = "SELECT * FROM parts WHERE job_id=? AND step=?"
+                for part_row in self._rows(sql, job.id, ck.step):
+                    part = rows.part_from_row(part_row)
+                    ck.parts[part.rank] = part
+            job.checkpoints[ck.step] = ck
+        return job
+
+    def _rows(self, sql: str, *args: object) -> list[sqlite3.Row]:
+        return self.db.conn.execute(sql, args).fetchall()
+
+    def events(self, job: Job, *, after: int = 0, limit: int = 100) -> list[EventPublic]:
+        """The newest ``limit`` events of ``job`` with id > ``after``, oldest first."""
+        sql = "SELECT * FROM events WHERE job_id=? AND id>? ORDER BY id DESC LIMIT ?"
+        found = self._rows(sql, job.id, after, limit)
+        return [rows.event_from_row(row) for row in reversed(found)]
+
+    # --- writes -------------------------------------------------------------------------
+    def save(self, job: Job, changes: Changes) -> None:
+        """Write what one decision changed, in one transaction. A new job gets its id."""
+        if not changes.writes():
+            return
+        with self.db.transaction() as conn:
+            if changes.created or changes.job:
+                row = rows.job_row(job)
+                if changes.created:
+                    row["id"] = None  # SQLite assigns it
+                cur = conn.execute(_upsert("jobs", tuple(row)), row)
+                if changes.created:
+                    assert cur.lastrowid is not None
+                    job.id = cur.lastrowid
+            self._save_ranks(conn, job, changes)
+            for ck in changes.checkpoints.values():
+                row = rows.checkpoint_row(job.id, ck)
+                conn.execute(_upsert("checkpoints", tuple(row)), row)
+            for step in changes.parts_cleared:
+                conn.execute("DELETE FROM parts WHERE job_id=? AND step=?", (job.id, step))
+            for step, part in changes.parts:
+                row = rows.part_row(job.id, step, part)
+                conn.execute(_upsert("parts", tuple(row)), row)
+            for event in changes.events:
+                row = rows.event_row(job.id, event)
+                conn.execute(_insert("events", tuple(row)), row)
+
+    @staticmethod
+    def _save_ranks(conn: sqlite3.Connection, job: Job, changes: Changes) -> None:
+        t = job.ranks
+        if changes.ranks_cleared:
+            conn.execute("DELETE FROM ranks WHERE job_id=?", (job.id,))
+        if changes.heartbeats:
+            beats = [rows.heartbeat_row(job.id, t, r) for r in changes.heartbeats]
+            conn.executemany(_HEARTBEAT_SQL, beats)
+        if changes.ranks:
+            whole = [rows.rank_row(job.id, t, r) for r in changes.ranks]
+            conn.executemany(_upsert("ranks", tuple(whole[0])), whole)
+
+
+@functools.cache
+def _upsert(table: str, columns: tuple[str, ...]) -> str:
+    return _insert(table, columns).replace("INSERT", "INSERT OR REPLACE", 1)
+
+
+@functools.cache
+def _insert(table: str, columns: tuple[str, ...]) -> str:
+    names = ", ".join(columns)
+    values = ", ".join(f":{c}" for c in columns)
+    return f"INSERT INTO {table} ({names}) VALUES ({values})"
+
+
+_HEARTBEAT_SQL = (
+    "UPDATE ranks SET "
+    + ", ".join(f"{c}=?" for c in rows.HEARTBEAT_COLUMNS)
+    + " WHERE job_id=? AND rank=?"
+)

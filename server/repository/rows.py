@@ -1,0 +1,235 @@
+"""The database schema and the mapping between rows and the domain's objects, in one place.
+
+Adding a column means: its line in :data:`SCHEMA`, its key in the ``*_row`` function and
+its read in the ``*_from_row`` (or ``load_rank``) function below. SQL statements are built
+from the rows' keys, so no other list of columns exists.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from checkflow_server.domain.changes import Event
+from checkflow_server.domain.state import UNKNOWN, Checkpoint, Job, Part, RankTable
+from checkflow_server.domain.views import measured
+
+from checkflow.protocol import (
+    CheckpointSource,
+    CheckpointStatus,
+    EventPublic,
+    RankState,
+    Schedule,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, storage_uri TEXT,
+    world_size INTEGER NOT NULL, max_overhead REAL NOT NULL, heartbeat_timeout_s REAL NOT NULL,
+    created REAL NOT NULL, generation INTEGER NOT NULL, generation_started REAL NOT NULL,
+    recovering_since REAL, interval INTEGER NOT NULL, anchor INTEGER NOT NULL,
+    prev_interval INTEGER, prev_anchor INTEGER, max_step INTEGER NOT NULL,
+    failures INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ranks (
+    job_id INTEGER NOT NULL, rank INTEGER NOT NULL, generation INTEGER NOT NULL,
+    state TEXT NOT NULL, instance TEXT, node TEXT, registered_at REAL, last_heartbeat REAL,
+    step INTEGER, iteration_s REAL, stall_s REAL, persist_s REAL,
+    PRIMARY KEY (job_id, rank)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoints (
+    job_id INTEGER NOT NULL, step INTEGER NOT NULL, generation INTEGER NOT NULL,
+    status TEXT NOT NULL, started REAL NOT NULL, committed_at REAL, committer INTEGER,
+    nbytes INTEGER NOT NULL, source TEXT NOT NULL, persisted INTEGER NOT NULL,
+    PRIMARY KEY (job_id, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS parts (
+    job_id INTEGER NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL, duration_s REAL NOT NULL, manifest_path TEXT NOT NULL,
+    reported_at REAL NOT NULL,
+    PRIMARY KEY (job_id, step, rank)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, time REAL NOT NULL,
+    kind TEXT NOT NULL, generation INTEGER NOT NULL, rank INTEGER, detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
+"""
+
+HEARTBEAT_COLUMNS = ("last_heartbeat", "step", "iteration_s", "stall_s", "persist_s", "node")
+"""The rank columns a heartbeat changes: the hot path updates only these, with the values
+of :func:`heartbeat_row` (a tuple, not a dict: this runs for every rank every second)."""
+
+
+# --- jobs -----------------------------------------------------------------------------
+def job_row(job: Job) -> dict[str, Any]:
+    s = job.schedule
+    return {
+        "id": job.id,
+        "name": job.name,
+        "storage_uri": job.storage_uri,
+        "world_size": job.world_size,
+        "max_overhead": job.max_overhead,
+        "heartbeat_timeout_s": job.heartbeat_timeout_s,
+        "created": job.created,
+        "generation": job.generation,
+        "generation_started": job.generation_started,
+        "recovering_since": job.recovering_since,
+        "interval": s.interval,
+        "anchor": s.anchor,
+        "prev_interval": s.previous_interval,
+        "prev_anchor": s.previous_anchor,
+        "max_step": job.max_step,
+        "failures": job.failures,
+    }
+
+
+def job_from_row(row: sqlite3.Row) -> Job:
+    schedule = Schedule(
+        anchor=row["anchor"],
+        interval=row["interval"],
+        previous_anchor=row["prev_anchor"],
+        previous_interval=row["prev_interval"],
+    )
+    return Job(
+        id=row["id"],
+        name=row["name"],
+        storage_uri=row["storage_uri"],
+        world_size=row["world_size"],
+        max_overhead=row["max_overhead"],
+        heartbeat_timeout_s=row["heartbeat_timeout_s"],
+        created=row["created"],
+        generation=row["generation"],
+        generation_started=row["generation_started"],
+        schedule=schedule,
+        max_step=row["max_step"],
+        failures=row["failures"],
+        recovering_since=row["recovering_since"],
+    )
+
+
+# --- ranks ----------------------------------------------------------------------------
+def rank_row(job_id: int, t: RankTable, rank: int) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "rank": rank,
+        "generation": t.generation[rank],
+        "state": t.state[rank],
+        "instance": t.instance[rank],
+        "node": t.node[rank],
+        "registered_at": t.registered_at[rank],
+        "last_heartbeat": t.last_heartbeat[rank],
+        "step": t.step[rank],
+        "iteration_s": measured(t.iteration_s[rank]),
+        "stall_s": measured(t.stall_s[rank]),
+        "persist_s": measured(t.persist_s[rank]),
+    }
+
+
+def heartbeat_row(job_id: int, t: RankTable, rank: int) -> tuple[object, ...]:
+    """The values of :data:`HEARTBEAT_COLUMNS` as :func:`rank_row` maps them, then the key
+    (job_id, rank)."""
+    return (
+        t.last_heartbeat[rank],
+        t.step[rank],
+        measured(t.iteration_s[rank]),
+        measured(t.stall_s[rank]),
+        measured(t.persist_s[rank]),
+        t.node[rank],
+        job_id,
+        rank,
+    )
+
+
+def load_rank(t: RankTable, row: sqlite3.Row) -> None:
+    r = row["rank"]
+    t.generation[r] = row["generation"]
+    t.state[r] = RankState(row["state"])
+    t.instance[r] = row["instance"]
+    t.node[r] = row["node"]
+    t.registered_at[r] = row["registered_at"]
+    t.last_heartbeat[r] = row["last_heartbeat"]
+    t.step[r] = row["step"] or 0
+    t.iteration_s[r] = _unknown(row["iteration_s"])
+    t.stall_s[r] = _unknown(row["stall_s"])
+    t.persist_s[r] = _unknown(row["persist_s"])
+
+
+# --- checkpoints and their parts ------------------------------------------------------
+def checkpoint_row(job_id: int, ck: Checkpoint) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "step": ck.step,
+        "generation": ck.generation,
+        "status": ck.status,
+        "started": ck.started,
+        "committed_at": ck.committed_at,
+        "committer": ck.committer,
+        "nbytes": ck.nbytes,
+        "source": ck.source,
+        "persisted": ck.persisted,
+    }
+
+
+def checkpoint_from_row(row: sqlite3.Row) -> Checkpoint:
+    return Checkpoint(
+        step=row["step"],
+        generation=row["generation"],
+        status=CheckpointStatus(row["status"]),
+        started=row["started"],
+        committed_at=row["committed_at"],
+        committer=row["committer"],
+        nbytes=row["nbytes"],
+        source=CheckpointSource(row["source"]),
+        persisted=row["persisted"],
+    )
+
+
+def part_row(job_id: int, step: int, part: Part) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "step": step,
+        "rank": part.rank,
+        "nbytes": part.nbytes,
+        "duration_s": part.duration_s,
+        "manifest_path": part.manifest_path,
+        "reported_at": part.reported_at,
+    }
+
+
+def part_from_row(row: sqlite3.Row) -> Part:
+    return Part(
+        rank=row["rank"],
+        nbytes=row["nbytes"],
+        duration_s=row["duration_s"],
+        manifest_path=row["manifest_path"],
+        reported_at=row["reported_at"],
+    )
+
+
+# --- events ---------------------------------------------------------------------------
+def event_row(job_id: int, event: Event) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "time": event.time,
+        "kind": event.kind,
+        "generation": event.generation,
+        "rank": event.rank,
+        "detail": json.dumps(event.detail),
+    }
+
+
+def event_from_row(row: sqlite3.Row) -> EventPublic:
+    return EventPublic(
+        id=row["id"],
+        time=row["time"],
+        kind=row["kind"],
+        generation=row["generation"],
+        rank=row["rank"],
+        detail=json.loads(row["detail"]),
+    )
+
+
+def _unknown(value: float | None) -> float:
+    return UNKNOWN if value is None else value

@@ -1,0 +1,214 @@
+"""The coordinator service: each request runs its rule, writes what changed, counts it.
+
+Every operation is ``decide -> persist -> metrics``: the rule (:mod:`.domain`) checks the
+whole input first and refuses (404, 409) before changing anything, so a refused request
+has no effect at all; what it changed is written in one SQLite transaction. Everything runs
+on the event loop; nothing blocks on more than a small local SQLite write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from checkflow_server.domain import checkpoints, jobs, ranks, tuning, views
+from checkflow_server.domain.changes import Changes, EventKind
+from checkflow_server.domain.errors import NotFound
+from checkflow_server.domain.generation import short_list
+from checkflow_server.domain.state import Job
+from checkflow_server.metrics import Metrics
+from checkflow_server.repository import Repository
+
+from checkflow.protocol import (
+    CheckpointList,
+    CheckpointPublic,
+    CheckpointStatus,
+    CommitReport,
+    EventList,
+    FinishRequest,
+    Health,
+    Heartbeat,
+    HeartbeatReply,
+    JobCreate,
+    JobList,
+    JobPublic,
+    NodeHeartbeat,
+    NodeHeartbeatReply,
+    PartReply,
+    PartReport,
+    RankList,
+    RankPublic,
+    RecoverRequest,
+    RegisterRequest,
+    Registration,
+    RestorePoint,
+)
+
+logger = logging.getLogger(__name__)
+
+Reply = TypeVar("Reply")
+
+
+class Coordinator:
+    """The coordinator's jobs in memory, written through to a :class:`Repository`."""
+
+    def __init__(
+        self,
+        repository: Repository,
+        *,
+        warmup_interval: int = 10,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.repository = repository
+        self.warmup_interval = warmup_interval
+        self.clock = clock
+        self.jobs: dict[str, Job] = {}
+        self.metrics = Metrics()
+
+    def load(self) -> None:
+        """Rebuild memory from the database; every alive rank gets a fresh grace period."""
+        now = self.clock()
+        for job in self.repository.load_jobs():
+            ranks.restarted(job, now)
+            self.jobs[job.name] = job
+        self.metrics.checkpoints_committed = sum(
+            1
+            for j in self.jobs.values()
+            for c in j.checkpoints.values()
+            if c.status == CheckpointStatus.COMMITTED
+        )
+        logger.info("coordinator state loaded: %d jobs", len(self.jobs))
+
+    def job(self, name: str) -> Job:
+        job = self.jobs.get(name)
+        if job is None:
+            raise NotFound(f"job {name!r} not found")
+        return job
+
+    # --- jobs ---------------------------------------------------------------------------
+    def create_job(self, body: JobCreate) -> tuple[JobPublic, bool]:
+        """The job named ``body.name``: created now (True) or the existing one (False)."""
+        existing = self.jobs.get(body.name)
+        if existing is not None:
+            self._save(existing, jobs.reopen_job(existing, body, self.clock()))
+            return views.job_public(existing), False
+        job, changes = jobs.create_job(body, self.clock(), self.warmup_interval)
+        self._save(job, changes)
+        self.jobs[job.name] = job
+        return views.job_public(job), True
+
+    def get_job(self, name: str) -> JobPublic:
+        return views.job_public(self.job(name))
+
+    def list_jobs(self) -> JobList:
+        return JobList(jobs=[views.job_public(j) for j in self.jobs.values()])
+
+    def restore_point(self, name: str) -> RestorePoint:
+        return views.restore_point(self.job(name))
+
+    def recover(self, name: str, body: RecoverRequest) -> RestorePoint:
+        job = self.job(name)
+        return self._apply(job, *jobs.recover(job, body, self.clock()))
+
+    def events(self, name: str, *, after: int, limit: int) -> EventList:
+        job = self.job(name)
+        return EventList(events=self.repository.events(job, after=after, limit=limit))
+
+    # --- ranks --------------------------------------------------------------------------
+    def register(self, name: str, rank: int, body: RegisterRequest) -> Registration:
+        job = self.job(name)
+        return self._apply(job, *ranks.register(job, rank, body, self.clock()))
+
+    def rank_heartbeat(self, name: str, rank: int, body: Heartbeat) -> HeartbeatReply:
+        job = self.job(name)
+        return self._apply(job, *ranks.rank_heartbeat(job, rank, body, self.clock()))
+
+    def node_heartbeat(self, name: str, node: str, body: NodeHeartbeat) -> NodeHeartbeatReply:
+        job = self.job(name)
+        return self._apply(job, *ranks.node_heartbeat(job, node, body, self.clock()))
+
+    def finish(self, name: str, rank: int, body: FinishRequest) -> RankPublic:
+        job = self.job(name)
+        return self._apply(job, *ranks.finish(job, rank, body, self.clock()))
+
+    def list_ranks(self, name: str) -> RankList:
+        job, now = self.job(name), self.clock()
+        return RankList(ranks=[views.rank_public(job, r, now) for r in range(job.world_size)])
+
+    # --- checkpoints --------------------------------------------------------------------
+    def report_part(self, name: str, step: int, rank: int, body: PartReport) -> PartReply:
+        job = self.job(name)
+        return self._apply(job, *checkpoints.report_part(job, step, rank, body, self.clock()))
+
+    def commit(self, name: str, step: int, body: CommitReport) -> CheckpointPublic:
+        job = self.job(name)
+        return self._apply(job, *checkpoints.commit(job, step, body, self.clock()))
+
+    def list_checkpoints(self, name: str, *, limit: int) -> CheckpointList:
+        job = self.job(name)
+        newest = sorted(job.checkpoints, reverse=True)[:limit]
+        return CheckpointList(
+            checkpoints=[views.checkpoint_public(job, job.checkpoints[s]) for s in newest]
+        )
+
+    def learn_commits(self, name: str, steps: Iterable[int]) -> int:
+        """Mark steps found committed on storage; how many were new (0: unknown job)."""
+        job = self.jobs.get(name)
+        if job is None:
+            return 0
+        changes = checkpoints.learn_commits(job, steps, self.clock())
+        self._save(job, changes)
+        return changes.committed
+
+    # --- background sweeps --------------------------------------------------------------
+    def detect(self) -> int:
+        """Declare failed every watched rank silent for longer than its job's timeout."""
+        now = self.clock()
+        found = 0
+        for job in list(self.jobs.values()):
+            changes = ranks.detect(job, now)
+            self._save(job, changes)
+            found += sum(1 for e in changes.events if e.kind == EventKind.RANK_FAILED)
+        return found
+
+    def retune(self) -> None:
+        """Recompute every job's checkpoint interval from its ranks' latest reports."""
+        for job in self.jobs.values():
+            self._save(job, tuning.retune(job, self.clock()))
+
+    def health(self) -> Health:
+        return Health(status="ok", jobs=len(self.jobs))
+
+    def render_metrics(self) -> str:
+        alive = {j.name: j.alive_ranks() for j in self.jobs.values()}
+        return self.metrics.render(jobs=len(self.jobs), ranks_alive=alive)
+
+    # --- the one path of every change ---------------------------------------------------
+    def _apply(self, job: Job, reply: Reply, changes: Changes) -> Reply:
+        self._save(job, changes)
+        return reply
+
+    def _save(self, job: Job, changes: Changes) -> None:
+        self.repository.save(job, changes)
+        self.metrics.observe(changes)
+        _log(job, changes)
+
+
+def _log(job: Job, changes: Changes) -> None:
+    failed = [e for e in changes.events if e.kind == EventKind.RANK_FAILED]
+    if failed:
+        reason = failed[0].detail["reason"]
+        who = short_list([e.rank for e in failed if e.rank is not None])
+        logger.warning("job %s: rank(s) %s failed (%s)", job.name, who, reason)
+    for e in changes.events:
+        if e.kind == EventKind.INTERVAL_CHANGED:
+            d = e.detail
+            logger.info(
+                "job %s: interval %d -> %d from step %d",
+                job.name,
+                d["old_interval"],
+                d["interval"],
+                d["from_step"],
+            )

@@ -1,0 +1,126 @@
+"""The repository: what the rules changed is written, and loads back as it was."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from checkflow_server.domain import checkpoints, jobs, ranks, tuning
+from checkflow_server.domain.changes import Changes
+from checkflow_server.domain.state import Checkpoint, Job, Part, RankTable
+from checkflow_server.repository import Repository, rows
+
+from checkflow.protocol import (
+    CheckpointStatus,
+    CommitReport,
+    Heartbeat,
+    JobCreate,
+    PartReport,
+    RecoverRequest,
+    RegisterRequest,
+)
+
+
+def play(repo: Repository) -> Job:
+    """A job through registration, heartbeats, a commit, an in-flight checkpoint and a
+    retune, every decision saved as the service saves it."""
+    job, changes = jobs.create_job(
+        JobCreate(name="j", world_size=2, storage_uri="s3://b/r"), 1.0, 10
+    )
+    repo.save(job, changes)
+
+    def apply(result: tuple[object, Changes]) -> None:
+        repo.save(job, result[1])
+
+    for r in range(2):
+        apply(ranks.register(job, r, RegisterRequest(instance=f"p{r}", node="n"), 2.0))
+    for r in range(2):
+        hb = Heartbeat(generation=1, step=12, iteration_s=0.1 * (r + 1), stall_s=0.05)
+        apply(ranks.rank_heartbeat(job, r, hb, 3.0))
+    for step, who in ((10, (0, 1)), (20, (1,))):
+        for r in who:
+            part = PartReport(generation=1, nbytes=100 + r, duration_s=0.5, manifest_path=f"m{r}")
+            apply(checkpoints.report_part(job, step, r, part, 4.0))
+    apply(checkpoints.commit(job, 10, CommitReport(rank=1), 5.0))
+    repo.save(job, tuning.retune(job, 6.0))
+    return job
+
+
+def ranks_of(t: RankTable) -> list[tuple[object, ...]]:
+    return [
+        (
+            t.generation[r],
+            t.state[r],
+            t.instance[r],
+            t.node[r],
+            t.registered_at[r],
+            t.last_heartbeat[r],
+            t.step[r],
+            t.iteration_s[r],
+            t.stall_s[r],
+            t.persist_s[r],
+        )
+        for r in range(len(t))
+    ]
+
+
+def test_a_saved_job_loads_back_as_it_was(tmp_path: Path) -> None:
+    repo = Repository(tmp_path / "c.db")
+    job = play(repo)
+    repo.close()
+    (loaded,) = Repository(tmp_path / "c.db").load_jobs()
+    assert loaded.id == job.id == 1
+    assert rows.job_row(loaded) == rows.job_row(job)  # schedule, max_step, failures...
+    assert loaded.schedule.previous_interval == 10 and loaded.schedule.interval != 10
+    assert ranks_of(loaded.ranks) == ranks_of(job.ranks)
+    assert loaded.checkpoints[10].status == "committed" and loaded.checkpoints[10].parts == {}
+    assert loaded.checkpoints[20].parts == job.checkpoints[20].parts  # in flight: parts kept
+    assert [rows.checkpoint_row(1, c) for c in loaded.checkpoints.values()] == [
+        rows.checkpoint_row(1, c) for c in job.checkpoints.values()
+    ]
+
+
+def test_events_are_the_newest_ones_oldest_first(tmp_path: Path) -> None:
+    repo = Repository(tmp_path / "c.db")
+    job = play(repo)
+    for t in (7.0, 8.0):
+        repo.save(job, jobs.recover(job, RecoverRequest(), t)[1])
+    kinds = [e.kind for e in repo.events(job, limit=100)]
+    assert kinds == [
+        "job_created",
+        "interval_changed",
+        "rollback_requested",
+        "generation_started",
+        "rollback_requested",
+        "generation_started",
+    ]
+    last = repo.events(job, limit=2)
+    assert [e.kind for e in last] == ["rollback_requested", "generation_started"]
+    assert [e.id for e in repo.events(job, after=last[0].id)] == [last[1].id]
+    assert last[1].detail == {"reason": "rollback requested", "restore_step": 10}
+
+
+def test_every_column_of_the_schema_is_mapped_and_nothing_else(tmp_path: Path) -> None:
+    # Adding a column means the schema and the *_row mapping, both in rows.py: this keeps
+    # the two from drifting apart.
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(rows.SCHEMA)
+
+    def columns(table: str) -> list[str]:
+        return [c[1] for c in conn.execute(f"PRAGMA table_info({table})")]
+
+    job, _ = jobs.create_job(JobCreate(name="j", world_size=1), 1.0, 10)
+    ck = Checkpoint(step=1, generation=1, status=CheckpointStatus.COMMITTED, started=1.0)
+    _, changes = jobs.recover(job, RecoverRequest(), 2.0)
+    assert sorted(rows.job_row(job)) == sorted(columns("jobs"))
+    assert sorted(rows.rank_row(1, job.ranks, 0)) == sorted(columns("ranks"))
+    assert sorted(rows.checkpoint_row(1, ck)) == sorted(columns("checkpoints"))
+    assert sorted(rows.part_row(1, 1, Part(0, 1, 0.1, "m", 1.0))) == sorted(columns("parts"))
+    assert sorted([*rows.event_row(1, changes.events[0]), "id"]) == sorted(columns("events"))
+    job.ranks.iteration_s[0], job.ranks.node[0] = 0.5, "host"
+    whole = rows.rank_row(7, job.ranks, 0)
+    assert rows.heartbeat_row(7, job.ranks, 0) == (
+        *(whole[c] for c in rows.HEARTBEAT_COLUMNS),
+        7,
+        0,
+    )
