@@ -425,7 +425,13 @@ class Checkpointer:
         self.stats.taken += 1
         stall = time.perf_counter() - t0
         self.stats.stalls_s.append(stall)
-        self._measure = _CheckpointCost(step=self._step, stall_s=stall)
+        m = self._measure
+        if m is None or (m.future.done() and m.persist_s is None):
+            # One checkpoint is measured at a time, from snapshot to commit (or failure).
+            # Replacing it with a newer one while it persists (a second buffer set makes
+            # that possible) would never let a slow persist be measured, and every="auto"
+            # would keep its warm-up interval and wait on storage for ever.
+            self._measure = _CheckpointCost(step=self._step, stall_s=stall, future=future)
         return future
 
     def _buffer_set(self) -> HostBufferPool:
@@ -470,7 +476,7 @@ class Checkpointer:
         self._current = None
         if waited and self.stats.stalls_s:
             self.stats.stalls_s[-1] += waited
-            if self._measure is not None:
+            if self._measure is not None and self._measure.step == snap.step:
                 self._measure.stall_s += waited
 
     def _observe(self, now: float) -> None:
@@ -527,6 +533,7 @@ class Checkpointer:
 class _CheckpointCost:
     step: int
     stall_s: float
+    future: Future[int]
     slowdown_s: float = 0.0
     persist_s: float | None = None
 

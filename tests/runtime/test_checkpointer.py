@@ -282,7 +282,10 @@ def test_every_auto_measures_then_picks_and_reports_an_interval(tmp_path, caplog
         Checkpointer(str(tmp_path), state, every="auto", max_overhead=0.05, keep=1) as ck,
     ):
         deadline = time.monotonic() + 120
-        while ck.stats.taken < 3 and time.monotonic() < deadline:
+        # Until a checkpoint was measured (its persist committed, then a step ran) and the
+        # interval was used: with two buffer sets, three snapshots can be taken before the
+        # first persist on a loaded machine ends, so "taken" alone says nothing measured.
+        while (ck.stats.taken < 3 or ck._tuner.profile is None) and time.monotonic() < deadline:
             train_step(state)
             time.sleep(0.005)  # a step of a few milliseconds, like real work
             ck.step()
@@ -297,3 +300,27 @@ def test_every_auto_measures_then_picks_and_reports_an_interval(tmp_path, caplog
         assert "budget 5.0%" in logged[-1]
     p = profile
     assert choose_interval(p, max_overhead=0.05) >= 1
+
+
+def test_every_auto_measures_a_persist_slower_than_its_warm_up_interval(tmp_path, monkeypatch):
+    # Each persist takes over 0.3 s while ten warm-up steps take ~0.05 s: later snapshots are
+    # taken while the first persists. The first one must still be measured, and the chosen
+    # interval must leave each persist its time (before the fix, every new snapshot replaced
+    # the measurement, none completed, and the warm-up interval kept training waiting).
+    import time
+
+    from checkflow.policy import PERSIST_HEADROOM
+
+    monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "0.3")
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every="auto", max_overhead=0.05, keep=1) as ck:
+        deadline = time.monotonic() + 60
+        while ck._tuner.profile is None and time.monotonic() < deadline:
+            train_step(state)
+            time.sleep(0.005)
+            ck.step()
+        profile = ck._tuner.profile
+        assert profile is not None, "no checkpoint was ever measured"
+        assert profile.persist_s >= 0.3
+        interval_s = ck.stats.interval * profile.iteration_s
+        assert interval_s >= PERSIST_HEADROOM * profile.persist_s - profile.iteration_s
