@@ -560,7 +560,7 @@ class Summary:
     def ckpts_text(self) -> str:
         if self.name == "none":
             return "-"
-        taken = "/".join(sorted({f"{r.taken}/{r.due}" for r in self.runs}))
+        taken = ", ".join(sorted({f"{r.taken}/{r.due}" for r in self.runs}))
         waits = sum(r.waits for r in self.runs)
         text = taken + (f" ({waits} waits)" if waits else "")
         return text if self.equal_work else text + " UNEQUAL"
@@ -584,7 +584,7 @@ def report(summaries: list[Summary], base_s: float, copy_s: float, load_s: float
                 g.name,
                 "-" if g.k is None else str(g.k),
                 g.ckpts_text(),
-                "/".join(sorted({str(r.interval) for r in g.runs}))
+                ", ".join(sorted({str(r.interval) for r in g.runs}))
                 if g.name.startswith("checkflow-auto")
                 else "",
                 fmt_s(g.med(lambda r: r.step_s)),
@@ -670,7 +670,7 @@ def targets(
             )
     for g in (g for g in flow if g.name.startswith("checkflow-auto")):
         loop_over = g.med(lambda r: r.loop_s / (r.base_step_s * r.steps) - 1)
-        intervals = "/".join(sorted({str(r.interval) for r in g.runs}))
+        intervals = ", ".join(sorted({str(r.interval) for r in g.runs}))
         out.append(
             f"{verdict(g.overhead <= max_overhead, g)} auto {g.name}: "
             f"paired overhead {g.overhead_text()} incl. final drain, {100 * loop_over:+.1f}% "
