@@ -10,7 +10,13 @@ position and loss bit for bit with an uninterrupted reference run. Kill points, 
 - ``delay``    a random delay after a checkpoint was requested (lands in the snapshot copy,
                the encode, a write, the commit, retention or later training);
 - ``persist``  from inside the persist thread, just before the data file, the rank
-               manifest or ``MANIFEST.json`` is written, or just after the commit.
+               manifest or ``MANIFEST.json`` is written, or just after the commit;
+- ``external`` from this process once the child reported a random step, as the first demo
+               did: the child runs on until the signal lands, wherever that is.
+
+``--resume-threads N`` resumes with ``OMP_NUM_THREADS=N``: the one change found that
+reproduces the inexact resume of issue 8 §5 (the restored state is exact, the arithmetic
+after it is not), and the restore then warns (``ResumeNotExactWarning``).
 
 Meanwhile ``--load`` other processes keep every CPU busy. By default the runs talk to a
 coordinator (``checkflow serve``), like the README's demo.
@@ -57,6 +63,8 @@ class Run:
     lines: list[str]
     seconds: float
     restored: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    """stderr lines of a ``ResumeNotExactWarning`` (the resume cannot be bitwise exact)."""
 
 
 @dataclass(slots=True)
@@ -101,12 +109,33 @@ def start_coordinator(work: Path) -> tuple[str, subprocess.Popen[bytes]]:
     raise RuntimeError("checkflow serve did not answer /healthz within 60 s")
 
 
-def run_child(args: argparse.Namespace, ckpt: Path, *extra: str) -> Run:
+def run_child(
+    args: argparse.Namespace,
+    ckpt: Path,
+    *extra: str,
+    kill_after: int | None = None,
+    env: dict[str, str] | None = None,
+) -> Run:
+    """Run the child to its end; with ``kill_after`` SIGKILL it from here once it reports
+    that step (the child runs on meanwhile, as under a real scheduler's kill)."""
     cmd = [sys.executable, str(CHILD), "--dir", str(ckpt), "--steps", str(args.steps)]
     cmd += ["--every", str(args.every), "--codec", args.codec, *extra]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    lines = proc.stdout.splitlines()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if kill_after is not None and line.startswith(f"D {kill_after} "):
+            proc.kill()
+    stderr = proc.stderr.read()
+    proc.wait()
     run = Run(proc.returncode, None, {}, lines, time.perf_counter() - t0)
     for line in lines:
         word, *rest = line.split()
@@ -115,8 +144,8 @@ def run_child(args: argparse.Namespace, ckpt: Path, *extra: str) -> Run:
         elif word == "D":
             run.digests[int(rest[0])] = rest[1]
     if proc.returncode not in (0, -signal.SIGKILL):
-        tail = (proc.stderr or "").strip().splitlines()[-5:]
-        run.lines += ["stderr: " + t for t in tail]
+        run.lines += ["stderr: " + t for t in stderr.strip().splitlines()[-5:]]
+    run.warnings = [t for t in stderr.splitlines() if "ResumeNotExactWarning" in t]
     return run
 
 
@@ -132,11 +161,11 @@ def equal(a: Any, b: Any) -> bool:
 
 def draw_kill(rng: random.Random, args: argparse.Namespace) -> tuple[str, int]:
     """A kill spec for the child and the step it refers to."""
-    kind = rng.choice(("step", "delay", "persist"))
+    kind = rng.choice(("step", "delay", "persist", "external"))
     last = args.steps - args.every  # leave the resumed run some steps to take
-    if kind == "step":
+    if kind in ("step", "external"):
         k = rng.randint(1, last)
-        return f"step:{k}", k
+        return f"{kind}:{k}", k
     k = args.every * rng.randint(1, last // args.every)
     if kind == "delay":
         return f"delay:{k}:{rng.uniform(0, args.max_delay_ms):.1f}", k
@@ -186,7 +215,7 @@ def check(
     start, newest = resumed.start or 0, max(committed, default=0)
     if start and start not in committed:
         problems.append(f"resumed from step {start}, which was not committed ({committed})")
-    if kill.startswith("step:") and start > kill_step:
+    if kill.startswith("step:") and start > kill_step:  # an external kill lands later
         problems.append(f"resumed from step {start}, after the kill step {kill_step}")
     if start < newest and not coord:
         problems.append(f"resumed from step {start}, newest committed is {newest}")
@@ -205,12 +234,16 @@ def one_cycle(
     kill, kill_step = draw_kill(rng, args)
     ckpt = work / f"cycle-{index:03d}"
     job = ["--job", f"stress-{index}"] if coord else []
-    killed = run_child(args, ckpt, "--kill", kill, *coord, *job)
+    if kill.startswith("external:"):
+        killed = run_child(args, ckpt, *coord, *job, kill_after=kill_step)
+    else:
+        killed = run_child(args, ckpt, "--kill", kill, *coord, *job)
     committed, observed = observe(ckpt)
     if "persist point not reached" in killed.lines:
         observed = "persist point not reached: " + observed
     out = work / f"resumed-{index:03d}.pt"
-    resumed = run_child(args, ckpt, "--out", str(out), *coord, *job)
+    threads = {"OMP_NUM_THREADS": str(args.resume_threads)} if args.resume_threads else None
+    resumed = run_child(args, ckpt, "--out", str(out), *coord, *job, env=threads)
     problems, lagged = check(kill, kill_step, committed, killed, resumed, bool(coord))
     start = resumed.start or 0
     restored_exact = start == 0 or ref.digests.get(start) == resumed.restored
@@ -275,6 +308,7 @@ def report(cycles: list[Cycle], seconds: float, args: argparse.Namespace) -> Non
             f"coordinator restore point older than the newest commit on storage: "
             f"{sum(c.lagged for c in cycles)} of {n}"
         )
+    print(f"resumes that warned they cannot be exact: {sum(bool(c.resumed.warnings) for c in cycles)}")
     print(
         f"bitwise equal:   {sum(c.equal for c in cycles)} of {n}; "
         f"cycles with a failed check: {sum(bool(c.problems) for c in cycles)}"
@@ -301,6 +335,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="longest delay after a checkpoint request for 'delay' kills",
     )
     p.add_argument("--no-coordinator", action="store_true")
+    p.add_argument(
+        "--resume-threads",
+        type=int,
+        default=None,
+        help="resume with OMP_NUM_THREADS=N: shows what another thread count does (the "
+        "restored state is exact, the arithmetic after it is not, and the restore warns)",
+    )
     p.add_argument("--work", default=None, help="work folder (default: a temporary one)")
     args = p.parse_args(argv)
     if args.steps <= args.every:
