@@ -40,7 +40,8 @@ from botocore.exceptions import (
 from s3fs.errors import translate_boto_error
 
 from checkflow.storage import Failure, Storage, StorageAccessError, StorageError, classify_error
-from tests.conftest import FaultyS3Proxy, s3_options
+from tests.support.moto_server import SCRIPT as MOTO_SERVER
+from tests.support.s3 import FaultyS3Proxy, s3_options
 
 RETRIES, BACKOFF_S = 5, 2.0
 RETRY_SCHEDULE_S = 2 + 4 + 5 + 5  # the sleeps a transient error would get before giving up
@@ -263,18 +264,6 @@ def test_missing_credentials_fail_at_once_and_say_how_to_give_them(
 
 
 # -- a moto server that checks credentials ----------------------------------------------------
-_AUTH_SERVER = """
-import logging, sys
-from moto.server import ThreadedMotoServer
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-print(server.get_host_and_port()[1], flush=True)
-sys.stdin.read()  # until the test closes our stdin
-server.stop()
-"""
-
-
 @dataclass(frozen=True)
 class AuthS3:
     """A moto server that verifies signatures and IAM policies, with one bucket and users."""
@@ -306,7 +295,7 @@ def auth_s3() -> Iterator[AuthS3]:
     # session's server (in this process) must keep accepting the fake ones.
     env = {k: v for k, v in os.environ.items() if k != "INITIAL_NO_AUTH_ACTION_COUNT"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", _AUTH_SERVER],
+        [sys.executable, str(MOTO_SERVER)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
