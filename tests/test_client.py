@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,53 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from checkflow_server.app import create_app
-from checkflow_server.settings import Settings
 
 from checkflow.client import ABORT_EXIT_CODE, CheckpointSchedule, CoordinatorClient
-
-TOKEN = "client-test"
-
-
-class ThreadServer:
-    """A real uvicorn server on a fixed port, started and stopped on demand."""
-
-    def __init__(self, db: Path, port: int) -> None:
-        self.db, self.port = db, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.server: uvicorn.Server | None = None
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        app = create_app(
-            Settings(db=self.db, token=TOKEN, sync_storage=False, detector_period_s=0.05)
-        )
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        assert self.server is not None and self.thread is not None
-        self.server.should_exit = True
-        self.thread.join(10)
-
-    def get(self, path: str) -> dict:
-        r = httpx.get(self.url + path, headers={"Authorization": f"Bearer {TOKEN}"})
-        r.raise_for_status()
-        return r.json()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.coordinator import TOKEN, ThreadServer
+from tests.support.net import free_port, wait_until
 
 
 @pytest.fixture
@@ -80,13 +36,6 @@ def make_client(url: str, rank: int = 0, world: int = 1, **kw: object) -> Coordi
         heartbeat_timeout_s=1.0,
         **kw,
     )  # type: ignore[arg-type]
-
-
-def wait_for(predicate: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def test_schedule_keeps_the_old_interval_below_the_new_anchor() -> None:
@@ -121,7 +70,7 @@ def test_register_heartbeat_and_report_steps(server: ThreadServer) -> None:
         )
         c.start()
         c.report_progress(7, 0.1, 0.01, 0.2)
-        wait_for(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 7)
+        wait_until(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 7)
         rank = server.get("/v1/jobs/job/ranks")["ranks"][0]
         assert (rank["iteration_s"], rank["stall_s"], rank["persist_s"]) == (0.1, 0.01, 0.2)
         assert c.next_checkpoint_step == 10 and c.should_checkpoint(10) is True
@@ -146,7 +95,7 @@ def test_abort_calls_on_abort_with_the_reason(server: ThreadServer) -> None:
             json={},
             headers={"Authorization": f"Bearer {TOKEN}"},
         ).raise_for_status()
-        wait_for(lambda: reasons)
+        wait_until(lambda: reasons)
     assert "moved to generation 2" in reasons[0]
     assert CoordinatorClient.ABORT_EXIT_CODE == ABORT_EXIT_CODE == 75
 
@@ -169,9 +118,9 @@ def test_training_goes_on_while_the_coordinator_is_down_and_catches_up(
         assert len(unreachable) == 1  # logged once, not per retry
         server.start()
         try:
-            wait_for(lambda: c.generation == 1, timeout=10)  # registered on its own
+            wait_until(lambda: c.generation == 1, timeout=10)  # registered on its own
             c.report_progress(5)
-            wait_for(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 5)
+            wait_until(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 5)
             assert c.interval == 10
             assert any("reachable again" in r.getMessage() for r in caplog.records)
         finally:
@@ -201,7 +150,7 @@ def test_measurements_the_coordinator_would_refuse_are_left_out_of_heartbeats(
         assert c.register() is not None
         c.start()
         c.report_progress(5, float("inf"), float("nan"), -1.0)
-        wait_for(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 5)
+        wait_until(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 5)
         rank = server.get("/v1/jobs/job/ranks")["ranks"][0]
         assert (rank["state"], rank["iteration_s"], rank["stall_s"], rank["persist_s"]) == (
             "alive",

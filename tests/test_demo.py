@@ -6,7 +6,6 @@ in well under a second; the whole demo is what the README's first command runs.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +13,12 @@ from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import EXAMPLES, load_example
 
 
 @pytest.fixture(scope="module")
 def demo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("checkflow_demo", REPO / "examples" / "demo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("demo")
 
 
 def child(body: str) -> list[str]:
@@ -99,7 +94,7 @@ def test_a_failing_run_fails_the_demo_with_the_end_of_its_stderr(
 
 def test_the_demo_refuses_a_kill_step_outside_the_run() -> None:
     res = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "demo.py"), "--steps", "100", "--kill-at", "100"],
+        [sys.executable, str(EXAMPLES / "demo.py"), "--steps", "100", "--kill-at", "100"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,38 +1,31 @@
-"""The fused quantization kernel: plain C built with the system's ``cc`` and loaded by ctypes.
+"""The fused quantization kernel (``csrc/quant.c``), loaded with ctypes.
 
 One pass per block does what takes a dozen torch ops (compare with the snapshot, min/max,
-quantize, pack, update the reconstruction and the snapshot), several times faster. No
-Python headers, no ninja: only a C compiler, at first use, into a per-user cache. When there
-is no compiler, or ``CHECKFLOW_NATIVE=0``, :func:`load` returns None and the codecs use the
-torch path, whose results are bit-identical (tests check both ways).
+quantize, pack, update the reconstruction and the snapshot), several times faster.
+:mod:`checkflow.codec._build` compiles it at first use with the system's C compiler. When
+there is no compiler, or ``CHECKFLOW_NATIVE=0``, :func:`load` returns None and the codecs use
+the torch path, whose results are bit-identical (tests check both ways).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from checkflow.codec._kernel_c import SOURCE
+from checkflow.codec._build import BuildError, compile_kernel
 from checkflow.codec.base import CodecError
-from checkflow.codec.blocks import Layout, int_view, pack_bitmap
+from checkflow.codec.blocks import Layout, compress_section, int_view, pack_bitmap
 
 logger = logging.getLogger(__name__)
 
-FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=gnu11"]
-"""No fast-math and no FMA contraction: every float op must round exactly like torch's."""
 ENV_DISABLE = "CHECKFLOW_NATIVE"
-ENV_CACHE = "CHECKFLOW_CACHE_DIR"
 
 _lock = threading.Lock()
 _loaded: NativeKernel | None = None
@@ -42,60 +35,6 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get(ENV_CACHE) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "checkflow"
-    )
-    return Path(root)
-
-
-def _cpu_key() -> str:
-    """The CPU's feature flags: a kernel built with -march=native must not run elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return ""
-
-
-def _build(compiler: str, flags: list[str], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / "quant.c"
-        src.write_text(SOURCE)
-        out = Path(tmp) / "quant.so"
-        proc = subprocess.run(
-            [compiler, *flags, str(src), "-o", str(out), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {proc.stderr.strip()[:2000]}")
-        # Atomic: concurrent processes may build the same kernel; the last rename wins.
-        os.replace(out, target)
-
-
-def _compile() -> Path:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    errors = []
-    # -march=native vectorizes with the machine's widest units; the plain build is the
-    # fallback for compilers that reject it. Results are identical: no FMA contraction.
-    for flags in ([*FLAGS, "-march=native"], FLAGS):
-        key = SOURCE + " ".join(flags) + compiler + _cpu_key()
-        target = _cache_dir() / f"quant-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
-        if target.exists():
-            return target
-        try:
-            _build(compiler, flags, target)
-            return target
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            errors.append(str(e))
-    raise RuntimeError("; ".join(errors))
 
 
 def load() -> NativeKernel | None:
@@ -108,8 +47,8 @@ def load() -> NativeKernel | None:
     with _lock:
         if not _tried:
             try:
-                _loaded = NativeKernel(ctypes.CDLL(str(_compile())))
-            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                _loaded = NativeKernel(ctypes.CDLL(str(compile_kernel())))
+            except (BuildError, OSError, subprocess.SubprocessError) as e:
                 # Not fatal: the torch path gives the same bytes, only slower.
                 logger.warning("quantization kernel unavailable (%s); using torch ops", e)
                 _loaded = None
@@ -218,11 +157,9 @@ class NativeKernel:
                 raise MemoryError("quantization kernel could not allocate its scratch")
             raw_parts.extend(_raw_blocks(flat, r, changed, kinds[before : int(counts[0])]))
         nch, nq, cb = (int(c) for c in counts)
-        from checkflow.codec.quant import _zstd  # local: quant imports this module
-
         sections = [
             pack_bitmap(changed.astype(bool)),
-            _zstd(kinds[:nch].data),
+            compress_section(kinds[:nch].data),
             meta[:nq].tobytes(),
             codes[:cb].data,
             b"".join(raw_parts),

@@ -117,6 +117,24 @@ def unpack_bitmap(data: bytes | memoryview, nblocks: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=nblocks).astype(bool)
 
 
+def compress_section(data: bytes | memoryview) -> bytes:
+    """A small section (one kind byte per changed block), zstd-compressed; empty stays empty."""
+    return zstandard.ZstdCompressor(level=3).compress(data) if len(data) else b""
+
+
+def decompress_section(data: memoryview, size: int, what: str) -> np.ndarray:
+    """The ``size`` bytes of a section written by :func:`compress_section`, as uint8."""
+    if size == 0:
+        return np.zeros(0, dtype=np.uint8)
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+    except zstandard.ZstdError as e:
+        raise CodecError(f"{what} are corrupt: {e}") from e
+    if len(raw) != size:
+        raise CodecError(f"{what}: {len(raw)} bytes, expected {size}")
+    return np.frombuffer(raw, dtype=np.uint8)
+
+
 def split_sections(data: Buffer, sizes: list[int]) -> list[memoryview]:
     """Cut the stored bytes into the sections whose lengths the params recorded."""
     mv = memoryview(data).cast("B")

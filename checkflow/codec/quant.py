@@ -39,7 +39,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-import zstandard
 
 from checkflow.codec import _native
 from checkflow.codec._quant_eager import (
@@ -66,6 +65,8 @@ from checkflow.codec.blocks import (
     Region,
     block_layout,
     changed_blocks,
+    compress_section,
+    decompress_section,
     int_view,
     itemsize_of,
     pack_bitmap,
@@ -214,7 +215,7 @@ class QuantCodec(Codec):
         layout = block_layout(tuple(shape), int(params["block"]), int(params["min_row"]))
         sections = split_sections(data, [int(s) for s in params["sections"]])
         changed = unpack_bitmap(sections[0], layout.nblocks)
-        kinds = _unzstd(sections[1], int(changed.sum()), "block kinds")
+        kinds = decompress_section(sections[1], int(changed.sum()), "block kinds")
         kernel = self._kernel(dtype)
         src = base.reshape(-1).contiguous()
         if kernel is not None:
@@ -247,22 +248,6 @@ class Q2Codec(QuantCodec):
 
     name = "q2"
     bits = 2
-
-
-def _unzstd(data: memoryview, size: int, what: str) -> np.ndarray:
-    if size == 0:
-        return np.zeros(0, dtype=np.uint8)
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
-    except zstandard.ZstdError as e:
-        raise CodecError(f"{what} are corrupt: {e}") from e
-    if len(raw) != size:
-        raise CodecError(f"{what}: {len(raw)} bytes, expected {size}")
-    return np.frombuffer(raw, dtype=np.uint8)
-
-
-def _zstd(data: bytes | memoryview) -> bytes:
-    return zstandard.ZstdCompressor(level=3).compress(data) if len(data) else b""
 
 
 def _encode_eager(
@@ -303,7 +288,7 @@ def _encode_eager(
     kinds = torch.cat(kinds_p)
     sections = [
         pack_bitmap(changed.numpy()),
-        _zstd(tensor_bytes(kinds)),
+        compress_section(tensor_bytes(kinds)),
         bytes(tensor_bytes(torch.cat(meta_p))),
         b"".join(bytes(tensor_bytes(c.contiguous())) for c in codes_p),
         b"".join(bytes(tensor_bytes(r.contiguous())) for r in raw_p),

@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from checkflow import Checkpointer
 from checkflow import manifest as mf
 from checkflow.cli.arguments import parse_storage_options
 from checkflow.restore import load
+from tests.support.net import free_port
 
 STEPS = 4
 
@@ -367,10 +367,7 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(
 
 
 def test_restore_with_coordinator_calls_the_roll_back_and_fails_when_unreachable() -> None:
-    with socket.socket() as sock:  # a port nobody listens on once closed
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{free_port()}"  # a port nobody listens on
 
     res = run_cli("restore", "--coordinator", url, "--job", "run-1", "--step", "3")
 

@@ -6,12 +6,12 @@ import shutil
 
 import pytest
 import torch
-from _oracle import DTYPES, bits_equal, random_chunk, roundtrip, step_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkflow.codec import CodecError, get_codec
 from checkflow.codec.delta import DeltaCodec
+from tests.codec._oracle import DTYPES, bits_equal, random_chunk, roundtrip, step_chunk
 
 shapes = st.one_of(
     st.just(()),

@@ -7,13 +7,20 @@ import shutil
 
 import pytest
 import torch
-from _oracle import DTYPES, bits_equal, check_quant_bound, random_chunk, roundtrip, step_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkflow.codec import CodecError, _native, get_codec
 from checkflow.codec.blocks import int_view
 from checkflow.codec.quant import MIN_ROW, Q2Codec, Q4Codec, Q8Codec
+from tests.codec._oracle import (
+    DTYPES,
+    bits_equal,
+    check_quant_bound,
+    random_chunk,
+    roundtrip,
+    step_chunk,
+)
 
 CODECS = {"q8": Q8Codec, "q4": Q4Codec, "q2": Q2Codec}
 shapes = st.one_of(

@@ -3,16 +3,13 @@ restores during training end within 1 % of the uninterrupted run's loss."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from checkflow import Checkpointer, list_checkpoints
 from tests.runtime._train import DLRM, assert_bitwise_equal, load_final, run_train, run_until_killed
+from tests.support.paths import load_example
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import dlrm  # noqa: E402
+dlrm = load_example("dlrm")
 
 pytestmark = pytest.mark.slow
 

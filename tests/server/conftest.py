@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _coordinator_helpers import AUTH, TOKEN, ServerProcess
 from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
+
+from tests.support.coordinator import AUTH, TOKEN, ServerProcess
 
 
 @pytest.fixture

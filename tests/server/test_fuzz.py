@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _coordinator_helpers import ServerProcess
+
+from tests.support.coordinator import ServerProcess
 
 pytestmark = pytest.mark.slow
 

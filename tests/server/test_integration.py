@@ -8,9 +8,9 @@ import subprocess
 import time
 
 import pytest
-from _coordinator_helpers import ServerProcess, start_rank
 
 from checkflow.client import ABORT_EXIT_CODE
+from tests.support.coordinator import ServerProcess, start_rank
 
 pytestmark = pytest.mark.slow
 

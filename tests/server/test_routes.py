@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from _coordinator_helpers import AUTH
 from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
 
 from checkflow.manifest import MANIFEST, step_dir
 from checkflow.policy import Profile, choose_interval
+from tests.support.coordinator import AUTH
 
 
 def make_job(c: TestClient, name: str = "j", world: int = 2, **kw: object) -> dict:

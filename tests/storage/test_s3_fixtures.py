@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from checkflow.storage import Storage
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.s3
-REPO = Path(__file__).resolve().parents[2]
 
 _CHILD = """
 import sys

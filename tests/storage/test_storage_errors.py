@@ -14,20 +14,15 @@ with no retry warning logged and, where a request is sent at all, none sent twic
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import boto3
 import pytest
 from botocore.exceptions import (
     ClientError,
@@ -40,7 +35,8 @@ from botocore.exceptions import (
 from s3fs.errors import translate_boto_error
 
 from checkflow.storage import Failure, Storage, StorageAccessError, StorageError, classify_error
-from tests.conftest import FaultyS3Proxy, s3_options
+from tests.support.moto_server import checking_moto
+from tests.support.s3 import FaultyS3Proxy, s3_options
 
 RETRIES, BACKOFF_S = 5, 2.0
 RETRY_SCHEDULE_S = 2 + 4 + 5 + 5  # the sleeps a transient error would get before giving up
@@ -263,18 +259,6 @@ def test_missing_credentials_fail_at_once_and_say_how_to_give_them(
 
 
 # -- a moto server that checks credentials ----------------------------------------------------
-_AUTH_SERVER = """
-import logging, sys
-from moto.server import ThreadedMotoServer
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-print(server.get_host_and_port()[1], flush=True)
-sys.stdin.read()  # until the test closes our stdin
-server.stop()
-"""
-
-
 @dataclass(frozen=True)
 class AuthS3:
     """A moto server that verifies signatures and IAM policies, with one bucket and users."""
@@ -294,61 +278,10 @@ class AuthS3:
         )
 
 
-def _user_with_key(iam: Any, name: str) -> tuple[str, str]:
-    iam.create_user(UserName=name)
-    key = iam.create_access_key(UserName=name)["AccessKey"]
-    return key["AccessKeyId"], key["SecretAccessKey"]
-
-
 @pytest.fixture(scope="module")
 def auth_s3() -> Iterator[AuthS3]:
-    # Its own process: moto's switch to check credentials is process-wide, and the
-    # session's server (in this process) must keep accepting the fake ones.
-    env = {k: v for k, v in os.environ.items() if k != "INITIAL_NO_AUTH_ACTION_COUNT"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _AUTH_SERVER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        endpoint = f"http://127.0.0.1:{int(proc.stdout.readline())}"
-        admin = {
-            "endpoint_url": endpoint,
-            "region_name": "us-east-1",
-            "aws_access_key_id": "testing",
-            "aws_secret_access_key": "testing",
-        }
-        iam = boto3.client("iam", **admin)
-        allowed = _user_with_key(iam, "writer")
-        iam.put_user_policy(
-            UserName="writer",
-            PolicyName="all-s3",
-            PolicyDocument=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
-                }
-            ),
-        )
-        denied = _user_with_key(iam, "nobody")
-        bucket = f"checkflow-auth-{uuid.uuid4().hex[:8]}"
-        boto3.client("s3", **admin).create_bucket(Bucket=bucket)
-        # From now on every request must be signed by a known key allowed by a policy.
-        enable = urllib.request.Request(
-            f"{endpoint}/moto-api/reset-auth",
-            data=b"0",
-            method="POST",
-            headers={"Content-Type": "text/plain"},
-        )
-        urllib.request.urlopen(enable, timeout=30).read()
+    with checking_moto() as (endpoint, bucket, allowed, denied):
         yield AuthS3(endpoint, bucket, allowed, denied)
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture

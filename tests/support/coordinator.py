@@ -1,27 +1,26 @@
-"""Helpers of the coordinator tests: a real ``checkflow serve`` subprocess and simulated
-ranks (``python -m checkflow.client``) as real client processes."""
+"""A real coordinator for the tests: ``checkflow serve`` in a subprocess or uvicorn in a
+thread, and simulated ranks (``python -m checkflow.client``) as real client processes."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import uvicorn
+from checkflow_server.app import create_app
+from checkflow_server.settings import Settings
+
+from tests.support.net import free_port, wait_until
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SERVE = "import sys; from checkflow.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerProcess:
@@ -79,6 +78,38 @@ class ServerProcess:
     def http(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=5)
+
+
+class ThreadServer:
+    """A real uvicorn server in a thread of this process, on a fixed port, restartable."""
+
+    def __init__(self, db: Path, port: int, token: str = TOKEN) -> None:
+        self.db, self.port, self.token = db, port, token
+        self.url = f"http://127.0.0.1:{port}"
+        self.server: uvicorn.Server | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        app = create_app(
+            Settings(db=self.db, token=self.token, sync_storage=False, detector_period_s=0.05)
+        )
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        server = self.server
+        wait_until(lambda: server.started, timeout=10, what="coordinator start")
+
+    def stop(self) -> None:
+        assert self.server is not None and self.thread is not None
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def get(self, path: str) -> dict:
+        r = httpx.get(self.url + path, headers={"Authorization": f"Bearer {self.token}"})
+        r.raise_for_status()
+        return r.json()
 
 
 def start_rank(url: str, job: str, rank: int, world: int, *args: str) -> subprocess.Popen[str]:
