@@ -45,19 +45,13 @@ def worker() -> None:
 
     rank = int(os.environ["RANK"])
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=timedelta(seconds=10),
-    )
-    # Before joining: what the store already holds under the peer's gloo key.
-    peer = GLOO_KEY.format(rank=1 - rank)
-    seen = _digest(store.get(peer)) if store.check([peer]) else "absent"
-    print(f"REPORT round={restart} rank={rank} peer_key_before_join={seen}", flush=True)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=20))
-    own = _digest(store.get(GLOO_KEY.format(rank=rank)))
-    print(f"REPORT round={restart} rank={rank} own_key_after_join={own}", flush=True)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        # Worker rank 0 hosts a new store in init_process_group: nothing to look into yet,
+        # and nothing in it can come from an earlier round.
+        print(f"REPORT round={restart} rank={rank} peer_key_before_join=fresh-store", flush=True)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=20))
+    else:
+        _join_shared(rank, restart)
     t = torch.ones(1)
     for step in range(STEPS):
         if restart == 0 and rank == 1 and step == KILL_AT:
@@ -66,6 +60,24 @@ def worker() -> None:
         time.sleep(0.05)
     print(f"DONE round={restart} rank={rank}", flush=True)
     dist.destroy_process_group()
+
+
+def _join_shared(rank: int, restart: int) -> None:
+    """Join through the agent's shared store, reporting the peer's key found there first."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=10),
+    )
+    peer = GLOO_KEY.format(rank=1 - rank)
+    seen = _digest(store.get(peer)) if store.check([peer]) else "absent"
+    print(f"REPORT round={restart} rank={rank} peer_key_before_join={seen}", flush=True)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=20))
+    own = _digest(store.get(GLOO_KEY.format(rank=rank)))
+    print(f"REPORT round={restart} rank={rank} own_key_after_join={own}", flush=True)
 
 
 def _digest(value: bytes) -> str:
@@ -141,7 +153,7 @@ def main() -> None:
         if outcome != "ok" and args.verbose:
             print(tail, flush=True)
     failed = sum(r != "ok" for r in results)
-    mode = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" if args.fresh else "shared store (default)"
+    mode = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" if args.fresh else "no variable set"
     print(f"{args.launcher}, {mode}: {failed} of {len(results)} restarts failed or hung")
 
 
