@@ -49,9 +49,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         launch(options, settings)
     except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        how = (
+            f"killed by {failure.signal_name()}"
+            if failure.exitcode < 0
+            else f"exit code {failure.exitcode}"
+        )
         raise CliError(
-            f"the workers failed and --max-restarts={options.max_restarts} ran out:\n"
-            f"{e.format_msg()}",
+            f"rank {rank} failed first ({how}) and --max-restarts="
+            f"{options.max_restarts} ran out; its output and traceback are above",
             EXIT_FAILED,
         ) from None
     return EXIT_OK

@@ -77,3 +77,14 @@ def test_coordinator_settings_come_from_the_environment_when_not_given():
 def test_a_coordinator_without_a_job_is_refused_with_what_to_set():
     with pytest.raises(ValueError, match="--job is not"):
         coordinator_from_env({"CHECKFLOW_COORDINATOR": "http://c:8470"})
+
+
+def test_workers_failing_past_max_restarts_end_with_exit_1_and_the_failure(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    cmd = [sys.executable, "-m", "checkflow.cli", "run", "--nproc-per-node=1"]
+    cmd += ["--max-restarts=1", "--monitor-interval=0.1", str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "rank 0 failed first (exit code 3) and --max-restarts=1 ran out" in proc.stderr
