@@ -9,6 +9,7 @@ and resume from the newest checkpoint.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +29,27 @@ def run_job(tmp_path: Path, *options: str, env: dict[str, str] | None = None) ->
     cmd += ["--max-restarts=3", "--monitor-interval=0.1", *options]
     cmd += [str(JOB), "--dir", str(tmp_path / "ckpt"), "--steps", str(STEPS)]
     cmd += ["--kill-at", str(KILL_AT), "--events", str(tmp_path)]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=90, env={**os.environ, **(env or {})}
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return "".join(p.read_text() for p in sorted(tmp_path.glob("rank-*.log")))
+    output = tmp_path / "launcher.out"
+    with output.open("w") as out:
+        # Its own session: on a timeout the launcher and every worker are killed together.
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        try:
+            rc = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+    events = "".join(p.read_text() for p in sorted(tmp_path.glob("rank-*.log")))
+    if rc != 0:
+        tail = "\n".join(events.splitlines()[-6:] + output.read_text().splitlines()[-40:])
+        pytest.fail(f"checkflow run {'timed out' if rc is None else f'exited {rc}'}:\n{tail}")
+    return events
 
 
 def lines(out: str, kind: str) -> list[list[str]]:
