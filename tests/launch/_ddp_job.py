@@ -1,7 +1,7 @@
 """A 2-rank gloo DDP job for ``checkflow run``: trains, checkpoints every 5 steps, resumes.
 
 In the first round (``TORCHELASTIC_RESTART_COUNT=0``) rank 1 SIGKILLs itself after step
-``--kill-at``, once a checkpoint has committed. Lines it appends to
+``--kill-at``, once the checkpoint before it has committed. Lines it appends to
 ``<--events>/rank-<rank>.log`` (not stdout, where the ranks' lines can interleave):
 ``env <rank> <round> <coordinator> <job>``, ``start <rank> <round> <step>``,
 ``fault <time>``, ``step <rank> <round> <step> <time>``, ``final <rank> <digest>``.
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from checkflow import Checkpointer
+from checkflow.catalog import committed_steps
 
 
 def main() -> None:
@@ -56,7 +57,15 @@ def main() -> None:
             ckpt.step()
             print(f"step {rank} {restart} {step + 1} {time.time():.3f}", flush=True)
             if restart == 0 and rank == 1 and step + 1 >= args.kill_at:
-                ckpt.wait()  # a checkpoint to resume from has committed: the fault comes now
+                # The fault comes once the newest checkpoint has committed on every rank (this
+                # rank's part is not enough: rank 0 may still be persisting), so the restart
+                # must resume from it.
+                ckpt.wait()
+                newest = args.kill_at // 5 * 5
+                deadline = time.monotonic() + 20
+                while max(committed_steps(ckpt.storage), default=0) < newest:
+                    assert time.monotonic() < deadline, f"step {newest} never committed"
+                    time.sleep(0.05)
                 print(f"fault {time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     weights = b"".join(t.detach().numpy().tobytes() for t in model.parameters())
