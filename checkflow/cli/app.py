@@ -14,6 +14,7 @@ import sys
 
 from checkflow import __version__
 from checkflow.cli import gc, import_dcp, inspect, ls, restore, serve, status, verify
+from checkflow.cli import run as run_command
 from checkflow.cli.arguments import Command
 from checkflow.cli.output import EXIT_INTERRUPTED, EXIT_OK, error, explain
 
@@ -26,6 +27,7 @@ COMMANDS: tuple[Command, ...] = (
     gc.COMMAND,
     serve.COMMAND,
     status.COMMAND,
+    run_command.COMMAND,
 )
 """Every subcommand, in the order ``checkflow --help`` lists them."""
 

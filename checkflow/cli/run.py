@@ -1,0 +1,74 @@
+"""``checkflow run [torchrun's options] SCRIPT [ARGS]``: torchrun whose restarts reconnect.
+
+Takes every option of ``torchrun`` (they are torchrun's own parser's) plus the coordinator
+the workers report to. See :mod:`checkflow.launch.launcher` for what differs from torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from checkflow.cli.arguments import Command
+from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    # torchrun's options come from torchrun's own parser, which imports torch; building it
+    # here would make every `checkflow` command wait for torch. So this parser takes the
+    # rest of the line as it is (no argument counts as an option of its own), and `run`
+    # parses it with the full parser. `checkflow run --help` is answered there too.
+    parser.prefix_chars = "\0"
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="[torchrun's options] SCRIPT")
+
+
+def full_parser() -> argparse.ArgumentParser:
+    """torchrun's parser plus the coordinator options, as ``checkflow run``."""
+    from checkflow.launch.launcher import torchrun_parser
+
+    parser = torchrun_parser()
+    parser.prog = "checkflow run"
+    parser.description = COMMAND.description
+    group = parser.add_argument_group("coordinator (exported to the workers)")
+    group.add_argument("--coordinator", metavar="URL", help="or CHECKFLOW_COORDINATOR")
+    group.add_argument("--job", metavar="NAME", help="or CHECKFLOW_JOB")
+    group.add_argument("--token", help="or CHECKFLOW_TOKEN")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Launch; exit 0 when the workers succeeded, 1 when restarts ran out."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from checkflow.launch.launcher import coordinator_settings, launch
+
+    options = full_parser().parse_args(args.argv)
+    try:
+        settings = coordinator_settings(options)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    try:
+        launch(options, settings)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        how = (
+            f"killed by {failure.signal_name()}"
+            if failure.exitcode < 0
+            else f"exit code {failure.exitcode}"
+        )
+        raise CliError(
+            f"rank {rank} failed first ({how}) and --max-restarts="
+            f"{options.max_restarts} ran out; its output and traceback are above",
+            EXIT_FAILED,
+        ) from None
+    return EXIT_OK
+
+
+COMMAND = Command(
+    "run",
+    "launch a training script like torchrun, with restarts that always reconnect",
+    configure,
+    run,
+    description="Launch SCRIPT on every rank like torchrun (same options), restart the "
+    "workers on failure with a fresh rendezvous store each time, and export the "
+    "coordinator settings to them. 'checkflow run --help' lists torchrun's options.",
+)
