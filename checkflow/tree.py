@@ -10,7 +10,7 @@ a value of its own) and one place that carries an ``nn.Module`` state_dict's ``_
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 Leaf = Callable[[Any, str], Any]
@@ -35,6 +35,7 @@ def map_tree(
     *,
     keep_type: bool = False,
     check_key: KeyCheck | None = None,
+    key: Callable[[Any], Any] | None = None,
 ) -> Any:
     """A copy of ``tree`` with every leaf replaced by ``leaf(value, path)``.
 
@@ -42,34 +43,40 @@ def map_tree(
         keep_type: rebuild each mapping as its own type; by default as an ``OrderedDict``
             (what ``load_state_dict`` expects, and what a skeleton stores).
         check_key: called on every key before its value is walked.
+        key: what each key becomes in the copy (the key itself by default).
+    """
+
+    def walk(node: Any, at: str) -> Any:
+        if isinstance(node, Mapping):
+            if check_key is not None:
+                for k in node:
+                    check_key(k, at)
+            items = ((k if key is None else key(k), walk(v, join(at, k))) for k, v in node.items())
+            result: Any = type(node)(items) if keep_type else OrderedDict(items)  # type: ignore[call-arg]
+            return carry_metadata(node, result)
+        if is_sequence(node):
+            mapped = [walk(v, join(at, i)) for i, v in enumerate(node)]
+            return mapped if isinstance(node, list) else tuple(mapped)
+        return leaf(node, at)
+
+    return walk(tree, path)
+
+
+def iter_leaves(
+    tree: Any, path: str = "", *, spread: Callable[[Sequence[Any]], bool] | None = None
+) -> Iterator[tuple[str, Any]]:
+    """``(dotted path, leaf)`` of every leaf, in order.
+
+    Args:
+        spread: whether to walk into a list or tuple (always by default); one it refuses
+            is yielded as a leaf.
     """
     if isinstance(tree, Mapping):
-        if check_key is not None:
-            for k in tree:
-                check_key(k, path)
-        items = (
-            (k, map_tree(v, leaf, join(path, k), keep_type=keep_type, check_key=check_key))
-            for k, v in tree.items()
-        )
-        result: Any = type(tree)(items) if keep_type else OrderedDict(items)  # type: ignore[call-arg]
-        return carry_metadata(tree, result)
-    if is_sequence(tree):
-        mapped = [
-            map_tree(v, leaf, join(path, i), keep_type=keep_type, check_key=check_key)
-            for i, v in enumerate(tree)
-        ]
-        return mapped if isinstance(tree, list) else tuple(mapped)
-    return leaf(tree, path)
-
-
-def iter_leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """``(dotted path, leaf)`` of every leaf, in order."""
-    if isinstance(tree, Mapping):
         for k, v in tree.items():
-            yield from iter_leaves(v, join(path, k))
-    elif is_sequence(tree):
+            yield from iter_leaves(v, join(path, k), spread=spread)
+    elif is_sequence(tree) and (spread is None or spread(tree)):
         for i, v in enumerate(tree):
-            yield from iter_leaves(v, join(path, i))
+            yield from iter_leaves(v, join(path, i), spread=spread)
     else:
         yield path, tree
 
