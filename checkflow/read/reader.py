@@ -211,7 +211,6 @@ class CheckpointReader:
         )
 
     # -- tensors ---------------------------------------------------------------------------
-    # -- tensors ---------------------------------------------------------------------------
     def chunk_index(self, step: int, fqns: Iterable[str] | None = None) -> dict[str, list[Part]]:
         """Every stored chunk of ``step`` (of the tensors ``fqns``, all when None), by tensor
         name: ``{fqn: [(rank, chunk), ...]}``.
