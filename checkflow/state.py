@@ -16,13 +16,13 @@ from __future__ import annotations
 import copy
 import logging
 import random
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from checkflow import tree
 from checkflow.objects import TensorRef, UnstorableObjectError, is_storable, is_storable_key
 
 log = logging.getLogger(__name__)
@@ -87,31 +87,21 @@ def flatten(
 
 
 def _extract(value: Any, fqn: str, out: dict[str, torch.Tensor], allow_pickle: bool) -> Any:
-    if isinstance(value, torch.Tensor):
-        if fqn in out:
-            raise ValueError(f"two tensors map to the same name {fqn!r}")
-        out[fqn] = value
-        return TensorRef(fqn)
-    if isinstance(value, Mapping):
-        if not allow_pickle:
-            for k in value:
-                if not is_storable_key(k):
-                    raise UnstorableObjectError(f"{fqn}.{k} (a key)", k)
-        result = OrderedDict(
-            (k, _extract(v, f"{fqn}.{k}", out, allow_pickle)) for k, v in value.items()
-        )
-        # nn.Module state_dicts carry per-module versions that load_state_dict reads.
-        metadata = getattr(value, "_metadata", None)
-        if metadata is not None:
-            result._metadata = metadata  # type: ignore[attr-defined]
-        return result
-    if isinstance(value, list):
-        return [_extract(v, f"{fqn}.{i}", out, allow_pickle) for i, v in enumerate(value)]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_extract(v, f"{fqn}.{i}", out, allow_pickle) for i, v in enumerate(value))
-    if not allow_pickle and not is_storable(value):
-        raise UnstorableObjectError(fqn, value)
-    return value
+    def check_key(key: Any, path: str) -> None:
+        if not is_storable_key(key):
+            raise UnstorableObjectError(f"{path}.{key} (a key)", key)
+
+    def leaf(v: Any, path: str) -> Any:
+        if isinstance(v, torch.Tensor):
+            if path in out:
+                raise ValueError(f"two tensors map to the same name {path!r}")
+            out[path] = v
+            return TensorRef(path)
+        if not allow_pickle and not is_storable(v):
+            raise UnstorableObjectError(path, v)
+        return v
+
+    return tree.map_tree(value, leaf, fqn, check_key=None if allow_pickle else check_key)
 
 
 def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
@@ -120,34 +110,23 @@ def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     Raises:
         KeyError: a tensor the skeleton names is missing.
     """
-    if isinstance(skeleton, TensorRef):
+
+    def leaf(v: Any, _path: str) -> Any:
+        if not isinstance(v, TensorRef):
+            return v
         try:
-            return tensors[skeleton.fqn]
+            return tensors[v.fqn]
         except KeyError:
-            raise KeyError(f"checkpoint has no tensor {skeleton.fqn!r}") from None
-    if isinstance(skeleton, Mapping):
-        result = OrderedDict((k, unflatten(v, tensors)) for k, v in skeleton.items())
-        metadata = getattr(skeleton, "_metadata", None)
-        if metadata is not None:
-            result._metadata = metadata  # type: ignore[attr-defined]
-        return result
-    if isinstance(skeleton, list):
-        return [unflatten(v, tensors) for v in skeleton]
-    if isinstance(skeleton, tuple) and not hasattr(skeleton, "_fields"):
-        return tuple(unflatten(v, tensors) for v in skeleton)
-    return skeleton
+            raise KeyError(f"checkpoint has no tensor {v.fqn!r}") from None
+
+    return tree.map_tree(skeleton, leaf)
 
 
 def iter_refs(skeleton: Any) -> Iterator[str]:
     """Every fqn a skeleton refers to."""
-    if isinstance(skeleton, TensorRef):
-        yield skeleton.fqn
-    elif isinstance(skeleton, Mapping):
-        for v in skeleton.values():
-            yield from iter_refs(v)
-    elif isinstance(skeleton, list | tuple):
-        for v in skeleton:
-            yield from iter_refs(v)
+    for _path, v in tree.iter_leaves(skeleton):
+        if isinstance(v, TensorRef):
+            yield v.fqn
 
 
 def load_into(state: Mapping[str, Any], state_dicts: Mapping[str, Any]) -> None:

@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from checkflow import tree
+
 _SPREAD_ITEMS = 16
 """Lists and tuples up to this long show one row per item; longer ones one summary row."""
 
@@ -17,18 +19,11 @@ def object_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
     """(dotted name, short text) of every non-tensor leaf of a skeleton."""
     from checkflow.state import TensorRef
 
-    if isinstance(value, TensorRef):
-        return
-    if not prefix and not isinstance(value, Mapping):
+    if not prefix and not isinstance(value, Mapping | TensorRef):
         prefix = "*"  # one opaque pickle of every object (an older checkpoint)
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            yield from object_leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(value, list | tuple) and len(value) <= _SPREAD_ITEMS:
-        for i, v in enumerate(value):
-            yield from object_leaves(v, f"{prefix}.{i}" if prefix else str(i))
-    else:
-        yield prefix, short(value)
+    for name, leaf in tree.iter_leaves(value, prefix, spread=lambda s: len(s) <= _SPREAD_ITEMS):
+        if not isinstance(leaf, TensorRef):
+            yield name, short(leaf)
 
 
 def short(value: Any, limit: int = 60) -> str:
@@ -44,14 +39,14 @@ def short(value: Any, limit: int = 60) -> str:
 
 def jsonable(value: Any) -> Any:
     """A skeleton as JSON: tensors as ``{"$tensor": fqn}``, unknown objects as their repr."""
+    return tree.map_tree(value, _json_leaf, key=str)
+
+
+def _json_leaf(value: Any, _path: str) -> Any:
     from checkflow.state import TensorRef
 
     if isinstance(value, TensorRef):
         return {"$tensor": value.fqn}
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)  # JSON has no nan/inf
     if value is None or isinstance(value, bool | int | float | str):

@@ -1,0 +1,290 @@
+"""Reading one checkpoint root: manifests, checksummed bytes, delta chains, objects.
+
+A step is readable only once its ``MANIFEST.json`` exists. Every chunk read is checked
+against its checksum before it is decoded; a mismatch raises ``CorruptCheckpointError``
+naming the step, rank, tensor and file.
+
+Reading never runs code from the checkpoint unless the caller passes ``trust=True``: the
+objects are a JSON tree (``checkflow.objects``), and the two things that are pickles (an
+object saved with ``allow_pickle=True``, and every object of a checkpoint written before
+objects were stored as data) raise ``UntrustedCheckpointError`` without it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+import xxhash
+
+from checkflow import knobs, objects
+from checkflow import manifest as mf
+from checkflow.codec import get_codec
+from checkflow.codec.base import CodecError, dtype_from_name
+from checkflow.read.assemble import assemble
+from checkflow.read.errors import (
+    HOW_TO_TRUST,
+    RESTORE_ERRORS,
+    CorruptCheckpointError,
+    NoCheckpointError,
+    UntrustedCheckpointError,
+)
+from checkflow.read.plan import Part, plan_box
+from checkflow.state import iter_refs, unflatten
+from checkflow.storage import Storage, StorageError
+from checkflow.types import Buffer
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]
+"""Called with the number of bytes just read."""
+
+
+class CheckpointReader:
+    """Reads one checkpoint root; caches manifests; follows delta chains.
+
+    Args:
+        storage: the checkpoint root.
+        progress: called with the bytes of each read.
+        trust: unpickle objects stored as pickles (runs code from the checkpoint).
+    """
+
+    def __init__(
+        self, storage: Storage, progress: Progress | None = None, *, trust: bool = False
+    ) -> None:
+        self.storage = storage
+        self.progress = progress
+        self.trust = trust
+        self._globals: dict[int, mf.GlobalManifest] = {}
+        self._ranks: dict[tuple[int, int], mf.RankManifest] = {}
+
+    # -- manifests -------------------------------------------------------------------------
+    def manifest(self, step: int) -> mf.GlobalManifest:
+        if step not in self._globals:
+            path = f"{mf.step_dir(step)}/{mf.MANIFEST}"
+            try:
+                data = self.storage.read(path)
+            except FileNotFoundError:
+                raise NoCheckpointError(
+                    f"no committed checkpoint at step {step} in {self.storage.uri}"
+                ) from None
+            self._globals[step] = mf.GlobalManifest.from_json(data, where=self.storage.url(path))
+        return self._globals[step]
+
+    def rank_manifest(self, step: int, rank: int) -> mf.RankManifest:
+        key = (step, rank)
+        if key not in self._ranks:
+            world = self.manifest(step).world_size
+            if not 0 <= rank < world:
+                raise KeyError(f"step {step} was saved by {world} ranks; there is no rank {rank}")
+            path = f"{mf.step_dir(step)}/{mf.rank_manifest_name(rank)}"
+            try:
+                data = self.storage.read(path)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(
+                    step, rank, "*", mf.rank_manifest_name(rank), "rank manifest is missing"
+                ) from None
+            self._ranks[key] = mf.RankManifest.from_json(data, where=self.storage.url(path))
+        return self._ranks[key]
+
+    def rank_manifests(self, step: int) -> list[mf.RankManifest]:
+        return [self.rank_manifest(step, r) for r in range(self.manifest(step).world_size)]
+
+    # -- bytes -----------------------------------------------------------------------------
+    def _read_checked(
+        self, step: int, rank: int, fqn: str, file: str, offset: int, nbytes: int, digest: str
+    ) -> Buffer:
+        path = f"{mf.step_dir(step)}/{file}"
+        try:
+            data = self.storage.read(path, offset, offset + nbytes)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(step, rank, fqn, file, "data file is missing") from None
+        except StorageError as e:
+            raise CorruptCheckpointError(step, rank, fqn, file, str(e)) from e
+        if xxhash.xxh3_64_hexdigest(data) != digest:
+            raise CorruptCheckpointError(
+                step, rank, fqn, file, f"checksum mismatch in bytes {offset}..{offset + nbytes}"
+            )
+        if self.progress is not None:
+            self.progress(nbytes)
+        return data
+
+    def chunk(self, step: int, rank: int, entry: mf.ChunkEntry) -> torch.Tensor:
+        """Decode one chunk, following its delta chain to the base."""
+        data = self._read_checked(
+            step, rank, entry.fqn, entry.file, entry.byte_offset, entry.nbytes, entry.checksum
+        )
+        base = None
+        if entry.base_step is not None:
+            base = self.chunk(entry.base_step, rank, self._base_entry(entry, rank))
+        try:
+            return get_codec(entry.codec).decode(
+                data,
+                entry.params,
+                dtype=dtype_from_name(entry.dtype),
+                shape=tuple(entry.shape),
+                base=base,
+            )
+        except (CodecError, ValueError, RuntimeError) as e:
+            raise CorruptCheckpointError(
+                step, rank, entry.fqn, entry.file, f"cannot decode: {e}"
+            ) from e
+
+    def _base_entry(self, entry: mf.ChunkEntry, rank: int) -> mf.ChunkEntry:
+        assert entry.base_step is not None
+        try:
+            base = self.rank_manifest(entry.base_step, rank)
+        except NoCheckpointError:
+            raise CorruptCheckpointError(
+                entry.base_step,
+                rank,
+                entry.fqn,
+                mf.MANIFEST,
+                "the base of a delta is not committed (was it deleted?)",
+            ) from None
+        for c in base.chunks:
+            if c.fqn == entry.fqn and c.offset == entry.offset:
+                return c
+        raise CorruptCheckpointError(
+            entry.base_step,
+            rank,
+            entry.fqn,
+            mf.rank_manifest_name(rank),
+            "the base of a delta has no matching chunk",
+        )
+
+    def skeleton(self, step: int, rank: int = 0, *, opaque: bool = False) -> Any:
+        """``rank``'s ``{name: state_dict}`` with ``TensorRef`` leaves.
+
+        Args:
+            opaque: without ``trust``, show pickled objects as ``objects.OpaqueObject``
+                (a checkpoint written before objects were data: the whole skeleton)
+                instead of raising; for tools that describe a checkpoint.
+
+        Raises:
+            UntrustedCheckpointError: an object is a pickle, and neither trust nor opaque.
+            CorruptCheckpointError: the objects fail their checksum or do not decode.
+        """
+        rm = self.rank_manifest(step, rank)
+        obj = next((o for o in rm.objects if o.fqn == "skeleton"), None)
+        if obj is None:
+            raise CorruptCheckpointError(
+                step, rank, "skeleton", mf.rank_manifest_name(rank), "missing"
+            )
+        data = self._read_checked(
+            step, rank, obj.fqn, obj.file, obj.byte_offset, obj.nbytes, obj.checksum
+        )
+        return self._decode_objects(step, rank, obj, data, trust=self.trust, opaque=opaque)
+
+    def _decode_objects(
+        self, step: int, rank: int, obj: mf.ObjectEntry, data: Buffer, *, trust: bool, opaque: bool
+    ) -> Any:
+        where = f"step {step} in {self.storage.uri}, rank {rank}"
+        if obj.encoding == mf.OBJECTS_TREE:
+            try:
+                return objects.decode(data, trust=trust, opaque=opaque)
+            except objects.PickleRefusedError as e:
+                raise UntrustedCheckpointError(
+                    f"{where}: object {e.path!r} ({e.type_name}) was saved as a pickle "
+                    f"(allow_pickle=True); {HOW_TO_TRUST}"
+                ) from None
+            except objects.ObjectFormatError as e:
+                raise CorruptCheckpointError(step, rank, obj.fqn, obj.file, str(e)) from e
+        if obj.encoding != mf.OBJECTS_TORCH_PICKLE:
+            raise mf.ManifestError(
+                f"{where}: objects have encoding {obj.encoding!r:.40}, unknown to this "
+                "checkflow; upgrade checkflow to read them"
+            )
+        if trust:
+            return _unpickle(data, step, rank, obj)
+        if opaque:
+            return objects.OpaqueObject("all objects (older checkflow)", len(data))
+        raise UntrustedCheckpointError(
+            f"{where} was written by a checkflow that stored the non-tensor state (RNG, "
+            f"step, optimizer settings) as a pickle; {HOW_TO_TRUST}. Checkpoints saved "
+            "after that restore store it as data"
+        )
+
+    # -- tensors ---------------------------------------------------------------------------
+    def chunk_index(self, step: int, fqns: Iterable[str] | None = None) -> dict[str, list[Part]]:
+        """Every stored chunk of ``step`` (of the tensors ``fqns``, all when None), by tensor
+        name: ``{fqn: [(rank, chunk), ...]}``.
+
+        Raises:
+            KeyError: ``step`` has no tensor named in ``fqns``.
+        """
+        wanted = set(fqns) if fqns is not None else None
+        index: dict[str, list[Part]] = {}
+        for rm in self.rank_manifests(step):
+            for c in rm.chunks:
+                if wanted is None or c.fqn in wanted:
+                    index.setdefault(c.fqn, []).append((rm.rank, c))
+        if wanted is not None and (missing := wanted - index.keys()):
+            raise KeyError(f"step {step} has no tensor {sorted(missing)[0]!r}")
+        return index
+
+    def tensors(self, step: int, fqns: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Full tensors assembled from every rank's chunks (all of them when ``fqns`` is None)."""
+        plans = {fqn: plan_box(step, parts) for fqn, parts in self.chunk_index(step, fqns).items()}
+        jobs = [(item.rank, item.chunk) for plan in plans.values() for item in plan.items]
+        decoded = self._prefetch(step, jobs)
+        return {fqn: assemble(plan, decoded) for fqn, plan in plans.items()}
+
+    def _prefetch(self, step: int, jobs: list[tuple[int, mf.ChunkEntry]]) -> Iterator[torch.Tensor]:
+        """Decoded chunks in ``jobs`` order; a few are read ahead on threads so that reads,
+        checksums and decoding overlap (file reads and hashing release the GIL)."""
+        threads = knobs.read_threads()
+        if threads <= 1 or len(jobs) <= 1:
+            yield from (self.chunk(step, rank, c) for rank, c in jobs)
+            return
+        with ThreadPoolExecutor(threads, thread_name_prefix="checkflow-read") as pool:
+            ahead: deque[Future[torch.Tensor]] = deque()
+            for rank, c in jobs:
+                ahead.append(pool.submit(self.chunk, step, rank, c))
+                if len(ahead) > threads:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
+
+    def state_dicts(self, step: int, rank: int = 0) -> dict[str, Any]:
+        """``{name: state_dict}`` of ``rank``'s objects with full tensors."""
+        skeleton = self.skeleton(step, rank)
+        return unflatten(skeleton, self.tensors(step, set(iter_refs(skeleton))))
+
+    # -- verification ----------------------------------------------------------------------
+    def verify(self, step: int) -> list[str]:
+        """Read and decode every chunk of ``step``; return the problems found (empty = good)."""
+        problems: list[str] = []
+        try:
+            ranks = self.rank_manifests(step)
+        except RESTORE_ERRORS as e:
+            return [f"step {step}: {e}"]
+        for rm in ranks:
+            for o in rm.objects:
+                try:
+                    data = self._read_checked(
+                        step, rm.rank, o.fqn, o.file, o.byte_offset, o.nbytes, o.checksum
+                    )
+                    # Decoded as a description: verify never unpickles, even a trusting reader.
+                    self._decode_objects(step, rm.rank, o, data, trust=False, opaque=True)
+                except (CorruptCheckpointError, mf.ManifestError) as e:
+                    problems.append(str(e))
+            for c in rm.chunks:
+                try:
+                    self.chunk(step, rm.rank, c)
+                except CorruptCheckpointError as e:
+                    problems.append(str(e))
+        return problems
+
+
+def _unpickle(data: Buffer, step: int, rank: int, obj: mf.ObjectEntry) -> Any:
+    try:
+        # Only with the caller's trust: this runs whatever code the pickle names.
+        return torch.load(io.BytesIO(data), weights_only=False)
+    except Exception as e:  # unpickling raises anything; the location matters more
+        raise CorruptCheckpointError(step, rank, obj.fqn, obj.file, f"cannot unpickle: {e}") from e
