@@ -20,17 +20,18 @@ import torch
 from checkflow import distributed
 from checkflow.catalog import committed_steps
 from checkflow.codec import CodecRules
-from checkflow.persist import (
+from checkflow.policy import FrequencyTuner
+from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
+from checkflow.state import check_state, flatten, load_into
+from checkflow.storage import Storage
+from checkflow.write.commit import (
     CommitProtocol,
-    PersistWorker,
+    CoordinatorCommit,
     RankResult,
     SingleProcessCommit,
 )
-from checkflow.policy import FrequencyTuner
-from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
-from checkflow.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
-from checkflow.state import check_state, flatten, load_into
-from checkflow.storage import Storage
+from checkflow.write.persist import PersistWorker
+from checkflow.write.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,8 @@ class Checkpointer:
         self._snapshotter = Snapshotter(buffer_sets=2)
         if self.world_size > 1:
             self._sync = distributed.RankSync(self.group, self.storage.uri)
+        if self.coordinator_url:
+            self._connect()  # before the persist worker: its commit protocol needs the client
         self._persist = PersistWorker(
             self.storage,
             rank=self.rank,
@@ -200,8 +203,6 @@ class Checkpointer:
         )
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
-        if self.coordinator_url:
-            self._connect()
 
     def close(self, *, raise_errors: bool = True) -> None:
         """Wait for in-flight checkpoints, then stop threads and remove hooks."""
@@ -228,8 +229,8 @@ class Checkpointer:
         local: CommitProtocol = SingleProcessCommit()
         if self._sync is not None:
             local = self._sync.commit
-        if self.coordinator_url:
-            return _CoordinatorCommit(self, local)
+        if self._client is not None:
+            return CoordinatorCommit(self._client, local)
         return local
 
     def _connect(self) -> None:
@@ -536,20 +537,3 @@ class _CheckpointCost:
     future: Future[int]
     slowdown_s: float = 0.0
     persist_s: float | None = None
-
-
-class _CoordinatorCommit(CommitProtocol):
-    """Asks the coordinator which rank commits; falls back to ``local`` when it is down."""
-
-    def __init__(self, owner: Checkpointer, local: CommitProtocol) -> None:
-        self.owner = owner
-        self.local = local
-
-    def rank_persisted(self, step: int, rank: RankResult) -> bool:
-        client = self.owner._client
-        answer = None
-        if client is not None:
-            answer = client.report_persisted(step, rank.nbytes, rank.duration_s, rank.manifest_path)
-        if answer is None:
-            return self.local.rank_persisted(step, rank)
-        return bool(answer)
