@@ -12,7 +12,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from checkflow.write.commit import (
 )
 from checkflow.write.persist import PersistWorker
 from checkflow.write.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
+from checkflow.write.stats import CheckpointStats
 
 log = logging.getLogger(__name__)
 
@@ -40,34 +41,6 @@ META_KEY = "__checkflow__"
 
 WHEN_BUSY = ("wait", "skip")
 """What a due checkpoint does when both host buffer sets are still being persisted."""
-
-
-@dataclass(slots=True)
-class CheckpointStats:
-    """What the checkpointer did; read it to see waits, stalls and the interval."""
-
-    due: int = 0
-    """Checkpoints that fell due (by ``every``, the policy, or ``save()``)."""
-    taken: int = 0
-    """Snapshots started: equal to ``due`` unless ``when_busy="skip"``."""
-    waits: int = 0
-    """Due checkpoints that found both buffer sets busy, so training waited for a persist."""
-    waited_s: float = 0.0
-    """Total time training waited for a buffer set (storage slower than the interval)."""
-    skipped: int = 0
-    """Due checkpoints not taken (only with ``when_busy="skip"``)."""
-    committed: int = 0
-    failed: int = 0
-    interval: int | None = None
-    """Current interval in steps (``every`` or the policy's choice)."""
-    stalls_s: list[float] = field(default_factory=list)
-    """Blocking time per checkpoint: the snapshot start plus waits in the optimizer hook."""
-    last_step: int | None = None
-    """Newest committed step."""
-    bytes_written: int = 0
-    """Bytes this rank stored, over all checkpoints."""
-    last_bytes: int = 0
-    """Bytes this rank stored for its newest checkpoint."""
 
 
 class Checkpointer:
@@ -200,6 +173,7 @@ class Checkpointer:
             on_persisted=self._on_persisted,
             on_done=self._snapshotter.release,
             allow_pickle=self.allow_pickle,
+            stats=self.stats,
         )
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
@@ -515,11 +489,7 @@ class Checkpointer:
             self.stats.interval = self._tuner.interval
 
     def _on_persisted(self, result: RankResult) -> None:
-        # Runs on the persist thread.
-        self.stats.committed += 1
-        self.stats.last_step = result.step
-        self.stats.bytes_written += result.nbytes
-        self.stats.last_bytes = result.nbytes
+        # Runs on the persist thread, which has counted the result in self.stats.
         self._last_persist_s = result.duration_s
         if self._tuner is None and self.stats.stalls_s:
             self._last_cost_s = self.stats.stalls_s[-1]

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from checkflow.storage import Storage
 from checkflow.write.commit import CommitProtocol, RankResult, write_commit
 from checkflow.write.datafiles import DataFileWriter, checksum, chunk_boxes
 from checkflow.write.snapshot import Snapshot
+from checkflow.write.stats import CheckpointStats
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +44,6 @@ class PersistJob:
     shards: dict[str, Any] | None = None
     """``{fqn: distributed.Shard}``: where a local tensor sits in its global tensor
     (absent: the tensor is whole)."""
-
-
-@dataclass(slots=True)
-class PersistStats:
-    committed: int = 0
-    failed: int = 0
-    bytes_written: int = 0
-    last_persist_s: float = 0.0
-    last_bytes: int = 0
-    last_kind: str = ""
-    persist_times: list[float] = field(default_factory=list)
 
 
 class PersistWorker:
@@ -72,6 +62,8 @@ class PersistWorker:
         on_done: called with the snapshot when its buffers may be reused.
         allow_pickle: store objects that are not data (``checkflow.objects``) as pickles
             instead of failing the checkpoint.
+        stats: where this thread counts what it stored, committed or failed (the
+            ``Checkpointer``'s own record; a new one by default).
     """
 
     def __init__(
@@ -89,6 +81,7 @@ class PersistWorker:
         on_done: Callable[[Snapshot], None] | None = None,
         meta: Callable[[], dict[str, Any]] | None = None,
         allow_pickle: bool = False,
+        stats: CheckpointStats | None = None,
     ) -> None:
         self.storage = storage
         self.rank = rank
@@ -102,10 +95,8 @@ class PersistWorker:
         self.on_done = on_done
         self.meta = meta
         self.allow_pickle = allow_pickle
-        self.stats = PersistStats()
+        self.stats = stats if stats is not None else CheckpointStats()
         self._queue: queue.Queue[PersistJob | None] = queue.Queue()
-        self._in_flight = 0
-        self._in_flight_lock = threading.Lock()
         self._refs: dict[tuple[str, int], Any] = {}
         self._ref_step: int | None = None
         self._deltas_since_full = 0
@@ -122,19 +113,8 @@ class PersistWorker:
 
         ``shards`` places local tensors (DTensor shards) in their global tensors."""
         future: Future[int] = Future()
-        with self._in_flight_lock:
-            self._in_flight += 1
         self._queue.put(PersistJob(snapshot, future, full, shards))
         return future
-
-    @property
-    def busy(self) -> bool:
-        """True while a snapshot is queued or being persisted.
-
-        A counter, not a flag: a flag cleared after an "is the queue empty?" check can be
-        cleared just after another submit, and then reads False while that job runs."""
-        with self._in_flight_lock:
-            return self._in_flight > 0
 
     def close(self) -> None:
         """Finish what is queued, then stop the thread."""
@@ -162,8 +142,6 @@ class PersistWorker:
                 if self.on_done is not None:
                     self.on_done(job.snapshot)
             finally:
-                with self._in_flight_lock:
-                    self._in_flight -= 1
                 if error is not None:
                     job.future.set_exception(error)
                 else:
@@ -232,6 +210,7 @@ class PersistWorker:
                 apply_retention(self.storage, self.keep)
         duration = time.perf_counter() - t0
         self.stats.committed += 1
+        self.stats.last_step = snap.step
         self.stats.bytes_written += writer.total
         self.stats.last_bytes = writer.total
         self.stats.last_persist_s = duration
