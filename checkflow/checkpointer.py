@@ -20,6 +20,7 @@ import torch
 from checkflow import distributed
 from checkflow.catalog import committed_steps
 from checkflow.codec import CodecRules
+from checkflow.config import CheckpointConfig
 from checkflow.policy import FrequencyTuner
 from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
 from checkflow.state import check_state, flatten, load_into
@@ -39,9 +40,6 @@ log = logging.getLogger(__name__)
 META_KEY = "__checkflow__"
 """Skeleton entry holding checkflow's own state (the step counter)."""
 
-WHEN_BUSY = ("wait", "skip")
-"""What a due checkpoint does when both host buffer sets are still being persisted."""
-
 
 class Checkpointer:
     """Frequent, asynchronous, exact checkpoints of a training job.
@@ -50,6 +48,10 @@ class Checkpointer:
         uri: a local path or fsspec URL (``file://``, ``memory://``, ``s3://``, ``gs://``…).
         state: name -> object with ``state_dict()``/``load_state_dict()`` (modules,
             optimizers, LR schedulers, stateful data loaders).
+        process_group: the job's process group (default: the default group when
+            ``torch.distributed`` is initialized).
+        config: every other option at once, as a ``CheckpointConfig``; or pass them as
+            keyword arguments, one by one (not both):
         every: checkpoint every N steps, or ``"auto"`` for CheckFreq's policy: measure the
             step time and what a checkpoint costs, then pick the smallest interval whose
             overhead stays under ``max_overhead`` and lets each persist finish in time.
@@ -58,19 +60,13 @@ class Checkpointer:
         keep: committed checkpoints to retain (0 keeps all).
         rng: also save and restore the torch, CUDA, numpy and Python RNG states.
         coordinator: URL of a checkflow coordinator; ``job`` names the job there.
-        process_group: the job's process group (default: the default group when
-            ``torch.distributed`` is initialized).
         full_every: with incremental codecs, a full checkpoint at least every N deltas.
-        when_busy: a due checkpoint whose host buffers are all still being persisted
-            ``"wait"``s for one (the default: every due checkpoint is taken; the wait is
-            counted in ``stats.waits``/``stats.waited_s``) or, as an explicit opt-in,
-            ``"skip"``s (the next due step tries again).
+        when_busy: ``"wait"`` (default) or ``"skip"``: what a due checkpoint does while
+            both host buffer sets are still being persisted (see ``CheckpointConfig``).
         storage_options: passed to fsspec (credentials, endpoint).
         token: bearer token for the coordinator.
-        allow_pickle: store state values that are not data (see ``checkflow.objects``:
-            None, bool, int, float, str, bytes, lists, tuples, dicts, tensors, numpy
-            arrays) as pickles instead of refusing them at the first checkpoint. Loading
-            such a checkpoint then needs ``trust=True``, since unpickling runs code.
+        allow_pickle: store state values that are not data as pickles (loading them then
+            needs ``trust=True``; see ``CheckpointConfig``).
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -94,37 +90,34 @@ class Checkpointer:
         storage_options: dict[str, Any] | None = None,
         token: str | None = None,
         allow_pickle: bool = False,
+        config: CheckpointConfig | None = None,
     ) -> None:
-        if every != "auto" and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
-            raise ValueError(f"every must be a positive int or 'auto', got {every!r}")
-        if not 0 < max_overhead <= 1:
-            raise ValueError(f"max_overhead must be in (0, 1], got {max_overhead}")
-        if not isinstance(keep, int) or keep < 0:
-            raise ValueError(f"keep must be >= 0 (0 keeps every checkpoint), got {keep!r}")
-        if full_every < 1:
-            raise ValueError(f"full_every must be >= 1, got {full_every}")
-        if when_busy not in WHEN_BUSY:
-            raise ValueError(f"when_busy must be one of {WHEN_BUSY}, got {when_busy!r}")
-        if coordinator is not None and not job:
-            raise ValueError("coordinator= needs job= (the job's name on the coordinator)")
+        options = CheckpointConfig(
+            every=every,
+            max_overhead=max_overhead,
+            codec=codec,
+            keep=keep,
+            rng=rng,
+            coordinator=coordinator,
+            job=job,
+            full_every=full_every,
+            when_busy=when_busy,
+            storage_options=storage_options,
+            token=token,
+            allow_pickle=allow_pickle,
+        )
+        if config is not None and options != CheckpointConfig():
+            raise TypeError("pass the options either as config= or as keyword arguments, not both")
+        self.config = config if config is not None else options
+        cfg = self.config
         check_state(state)
         self.state = dict(state)
-        self.every = every
-        self.max_overhead = max_overhead
-        self.keep = keep
-        self.rng = rng
-        self.full_every = full_every
-        self.when_busy = when_busy
-        self.allow_pickle = allow_pickle
-        self.codecs = CodecRules(codec)
-        self.storage = Storage(uri, storage_options=storage_options)
+        self.codecs = CodecRules(cfg.codec)
+        self.storage = Storage(uri, storage_options=cfg.storage_options)
         self.group = distributed.resolve_group(process_group)
         self.rank, self.world_size = distributed.rank_and_world(self.group)
-        self.coordinator_url = coordinator
-        self.job = job
-        self.token = token
-        self.stats = CheckpointStats(interval=every if isinstance(every, int) else None)
-        self._tuner = FrequencyTuner(max_overhead=max_overhead) if every == "auto" else None
+        self.stats = CheckpointStats(interval=None if cfg.auto else int(cfg.every))
+        self._tuner = FrequencyTuner(max_overhead=cfg.max_overhead) if cfg.auto else None
         self._optimizers = [o for o in self.state.values() if isinstance(o, torch.optim.Optimizer)]
         self._step = 0
         self._last_checkpoint_step = 0
@@ -160,7 +153,7 @@ class Checkpointer:
         self._snapshotter = Snapshotter(buffer_sets=2)
         if self.world_size > 1:
             self._sync = distributed.RankSync(self.group, self.storage.uri)
-        if self.coordinator_url:
+        if self.config.coordinator:
             self._connect()  # before the persist worker: its commit protocol needs the client
         self._persist = PersistWorker(
             self.storage,
@@ -168,11 +161,11 @@ class Checkpointer:
             world_size=self.world_size,
             codecs=self.codecs,
             commit=self._commit_protocol(),
-            keep=self.keep,
-            full_every=self.full_every,
+            keep=self.config.keep,
+            full_every=self.config.full_every,
             on_persisted=self._on_persisted,
             on_done=self._snapshotter.release,
-            allow_pickle=self.allow_pickle,
+            allow_pickle=self.config.allow_pickle,
             stats=self.stats,
         )
         for opt in self._optimizers:
@@ -210,15 +203,16 @@ class Checkpointer:
     def _connect(self) -> None:
         from checkflow.client import CoordinatorClient
 
-        assert self.coordinator_url is not None and self.job is not None
+        cfg = self.config
+        assert cfg.coordinator is not None and cfg.job is not None
         self._client = CoordinatorClient(
-            self.coordinator_url,
-            self.job,
+            cfg.coordinator,
+            cfg.job,
             self.rank,
             self.world_size,
-            token=self.token,
+            token=cfg.token,
             storage_uri=self.storage.uri,
-            max_overhead=self.max_overhead,
+            max_overhead=cfg.max_overhead,
         )
         self._registration = self._client.register()
         self._client.start()
@@ -351,8 +345,8 @@ class Checkpointer:
             decision = self._client.should_checkpoint(self._step)
             if decision is not None:
                 return bool(decision)
-        if isinstance(self.every, int):
-            return self._step % self.every == 0
+        if isinstance(self.config.every, int):
+            return self._step % self.config.every == 0
         assert self._tuner is not None
         interval = self._tuner.interval
         if self._sync is not None and self._sync.interval:
@@ -363,7 +357,7 @@ class Checkpointer:
         assert self._persist is not None and self._snapshotter is not None
         self.stats.due += 1
         t0 = time.perf_counter()
-        skip = self.when_busy == "skip" and not force
+        skip = self.config.when_busy == "skip" and not force
         pool = None
         if not skip:
             pool = self._buffer_set()
@@ -374,7 +368,7 @@ class Checkpointer:
         if busy and self._sync is None:
             self._count_skip("the previous persists are still running")
             return None
-        flat = flatten(self.state, rng=self.rng, allow_pickle=self.allow_pickle)
+        flat = flatten(self.state, rng=self.config.rng, allow_pickle=self.config.allow_pickle)
         flat.skeleton[META_KEY] = {"step": self._step}
         shards = distributed.prepare_snapshot(
             flat,
@@ -484,7 +478,7 @@ class Checkpointer:
                     p.iteration_s,
                     p.cost_s,
                     p.persist_s,
-                    100 * self.max_overhead,
+                    100 * self.config.max_overhead,
                 )
             self.stats.interval = self._tuner.interval
 
