@@ -12,7 +12,6 @@ import time
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,7 +30,9 @@ from checkflow.write.commit import (
     RankResult,
     SingleProcessCommit,
 )
+from checkflow.write.measure import CostMeter
 from checkflow.write.persist import PersistWorker
+from checkflow.write.policy import AutoInterval, CoordinatorSchedule, FixedInterval, SavePolicy
 from checkflow.write.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
 from checkflow.write.stats import CheckpointStats
 
@@ -131,9 +132,8 @@ class Checkpointer:
         self._current: Snapshot | None = None
         self._pending: list[Future[int]] = []
         self._last_future: Future[int] | None = None
-        self._measure: _CheckpointCost | None = None
-        self._last_cost_s: float | None = None
-        self._last_persist_s: float | None = None
+        self._meter = CostMeter(self._tuner)
+        self._policy: SavePolicy | None = None
         self._sync: distributed.RankSync | None = None
         self._global_names = distributed.global_state_names(self.state)
 
@@ -155,6 +155,7 @@ class Checkpointer:
             self._sync = distributed.RankSync(self.group, self.storage.uri)
         if self.config.coordinator:
             self._connect()  # before the persist worker: its commit protocol needs the client
+        self._policy = self._save_policy()
         self._persist = PersistWorker(
             self.storage,
             rank=self.rank,
@@ -199,6 +200,19 @@ class Checkpointer:
         if self._client is not None:
             return CoordinatorCommit(self._client, local)
         return local
+
+    def _save_policy(self) -> SavePolicy:
+        if not self.config.auto:
+            # A fixed `every` is already the same on every rank: no coordinator needed.
+            return FixedInterval(int(self.config.every))
+        assert self._tuner is not None
+        sync = self._sync
+        policy: SavePolicy = AutoInterval(
+            self._tuner, agreed_interval=lambda: sync.interval if sync is not None else None
+        )
+        if self._client is not None:
+            policy = CoordinatorSchedule(self._client.should_checkpoint, fallback=policy)
+        return policy
 
     def _connect(self) -> None:
         from checkflow.client import CoordinatorClient
@@ -338,20 +352,8 @@ class Checkpointer:
             log.error("a checkpoint failed while exiting: %s", e)
 
     def _due(self) -> bool:
-        if self._client is not None and self._tuner is not None:
-            # every="auto": the coordinator gives every rank of the job the same schedule;
-            # without a reply yet (or while it is down) the local policy decides. A fixed
-            # `every` is already the same on every rank.
-            decision = self._client.should_checkpoint(self._step)
-            if decision is not None:
-                return bool(decision)
-        if isinstance(self.config.every, int):
-            return self._step % self.config.every == 0
-        assert self._tuner is not None
-        interval = self._tuner.interval
-        if self._sync is not None and self._sync.interval:
-            interval = self._sync.interval  # rank 0's, so that every rank picks the same step
-        return self._step - self._last_checkpoint_step >= interval
+        assert self._policy is not None
+        return self._policy.is_due(self._step, self._last_checkpoint_step)
 
     def _checkpoint(self, *, force: bool) -> Future[int] | None:
         assert self._persist is not None and self._snapshotter is not None
@@ -394,13 +396,7 @@ class Checkpointer:
         self.stats.taken += 1
         stall = time.perf_counter() - t0
         self.stats.stalls_s.append(stall)
-        m = self._measure
-        if m is None or (m.future.done() and m.persist_s is None):
-            # One checkpoint is measured at a time, from snapshot to commit (or failure).
-            # Replacing it with a newer one while it persists (a second buffer set makes
-            # that possible) would never let a slow persist be measured, and every="auto"
-            # would keep its warm-up interval and wait on storage for ever.
-            self._measure = _CheckpointCost(step=self._step, stall_s=stall, future=future)
+        self._meter.checkpoint_started(self._step, stall, future)
         return future
 
     def _buffer_set(self) -> HostBufferPool:
@@ -445,59 +441,37 @@ class Checkpointer:
         self._current = None
         if waited and self.stats.stalls_s:
             self.stats.stalls_s[-1] += waited
-            if self._measure is not None and self._measure.step == snap.step:
-                self._measure.stall_s += waited
+            self._meter.optimizer_waited(snap.step, waited)
 
     def _observe(self, now: float) -> None:
         """Feed the policy: step times, and each checkpoint's cost once it committed."""
         if self._last_step_end is None:
             return
         dt = now - self._last_step_end
-        m = self._measure
+        meter = self._meter
         if self._client is not None:
-            self._client.report_progress(self._step, dt, self._last_cost_s, self._last_persist_s)
-        if self._tuner is None:
+            self._client.report_progress(self._step, dt, meter.last_cost_s, meter.last_persist_s)
+        if not meter.step_ended(dt):
             return
-        if m is None:
-            self._tuner.observe_iteration(dt)
-            return
-        baseline = self._tuner.iteration_s
-        if baseline is not None:
-            m.slowdown_s += max(0.0, dt - baseline)
-        if m.persist_s is not None:
-            self._last_cost_s, self._last_persist_s = m.stall_s + m.slowdown_s, m.persist_s
-            self._tuner.observe_checkpoint(m.stall_s + m.slowdown_s, m.persist_s)
-            self._measure = None
-            if self._tuner.update():
-                p = self._tuner.profile
-                assert p is not None
-                log.info(
-                    "checkpoint interval now %d steps (step %.4fs, cost %.4fs, persist %.4fs, "
-                    "budget %.1f%%)",
-                    self._tuner.interval,
-                    p.iteration_s,
-                    p.cost_s,
-                    p.persist_s,
-                    100 * self.config.max_overhead,
-                )
-            self.stats.interval = self._tuner.interval
+        tuner = self._tuner
+        assert tuner is not None
+        if tuner.update():
+            p = tuner.profile
+            assert p is not None
+            log.info(
+                "checkpoint interval now %d steps (step %.4fs, cost %.4fs, persist %.4fs, "
+                "budget %.1f%%)",
+                tuner.interval,
+                p.iteration_s,
+                p.cost_s,
+                p.persist_s,
+                100 * self.config.max_overhead,
+            )
+        self.stats.interval = tuner.interval
 
     def _on_persisted(self, result: RankResult) -> None:
         # Runs on the persist thread, which has counted the result in self.stats.
-        self._last_persist_s = result.duration_s
-        if self._tuner is None and self.stats.stalls_s:
-            self._last_cost_s = self.stats.stalls_s[-1]
+        last_stall = self.stats.stalls_s[-1] if self.stats.stalls_s else None
+        self._meter.persisted(result.step, result.duration_s, last_stall)
         if self._client is not None and result.committed:
             self._client.report_committed(result.step)
-        m = self._measure
-        if m is not None and m.step == result.step:
-            m.persist_s = result.duration_s
-
-
-@dataclass(slots=True)
-class _CheckpointCost:
-    step: int
-    stall_s: float
-    future: Future[int]
-    slowdown_s: float = 0.0
-    persist_s: float | None = None
