@@ -9,30 +9,24 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import fields
 from typing import Any
 
 import torch
 
-from checkflow import distributed
-from checkflow.catalog import committed_steps
+from checkflow import distributed, resume
 from checkflow.codec import CodecRules
 from checkflow.config import CheckpointConfig
 from checkflow.policy import FrequencyTuner
-from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
-from checkflow.state import check_state, flatten, load_into
+from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
-from checkflow.write.commit import (
-    CommitProtocol,
-    CoordinatorCommit,
-    RankResult,
-    SingleProcessCommit,
-)
+from checkflow.write.backpressure import acquire_buffer_set, count_skip
+from checkflow.write.commit import RankResult, commit_protocol
 from checkflow.write.measure import CostMeter
 from checkflow.write.persist import PersistWorker
-from checkflow.write.policy import AutoInterval, CoordinatorSchedule, FixedInterval, SavePolicy
+from checkflow.write.policy import SavePolicy, save_policy
 from checkflow.write.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
 from checkflow.write.stats import CheckpointStats
 
@@ -53,21 +47,20 @@ class Checkpointer:
             ``torch.distributed`` is initialized).
         config: every other option at once, as a ``CheckpointConfig``; or pass them as
             keyword arguments, one by one (not both):
-        every: checkpoint every N steps, or ``"auto"`` for CheckFreq's policy: measure the
-            step time and what a checkpoint costs, then pick the smallest interval whose
-            overhead stays under ``max_overhead`` and lets each persist finish in time.
+        every: checkpoint every N steps, or ``"auto"``: the smallest interval whose measured
+            overhead stays under ``max_overhead`` and that lets each persist finish in time.
         max_overhead: fraction of training time checkpoints may take (``every="auto"``).
         codec: a codec name for every tensor, or ``{glob on fqn: name}`` (first match wins).
         keep: committed checkpoints to retain (0 keeps all).
         rng: also save and restore the torch, CUDA, numpy and Python RNG states.
         coordinator: URL of a checkflow coordinator; ``job`` names the job there.
         full_every: with incremental codecs, a full checkpoint at least every N deltas.
-        when_busy: ``"wait"`` (default) or ``"skip"``: what a due checkpoint does while
-            both host buffer sets are still being persisted (see ``CheckpointConfig``).
+        when_busy: what a due checkpoint does while both host buffer sets are persisting:
+            ``"wait"`` (the default; counted in ``stats.waits``) or ``"skip"``.
         storage_options: passed to fsspec (credentials, endpoint).
         token: bearer token for the coordinator.
-        allow_pickle: store state values that are not data as pickles (loading them then
-            needs ``trust=True``; see ``CheckpointConfig``).
+        allow_pickle: store state values that are not data as pickles (loading needs
+            ``trust=True``).
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -93,20 +86,10 @@ class Checkpointer:
         allow_pickle: bool = False,
         config: CheckpointConfig | None = None,
     ) -> None:
-        options = CheckpointConfig(
-            every=every,
-            max_overhead=max_overhead,
-            codec=codec,
-            keep=keep,
-            rng=rng,
-            coordinator=coordinator,
-            job=job,
-            full_every=full_every,
-            when_busy=when_busy,
-            storage_options=storage_options,
-            token=token,
-            allow_pickle=allow_pickle,
-        )
+        # The keyword options are CheckpointConfig's fields, by name: a field without its
+        # keyword argument fails here at once (KeyError), not silently.
+        given = locals()
+        options = CheckpointConfig(**{f.name: given[f.name] for f in fields(CheckpointConfig)})
         if config is not None and options != CheckpointConfig():
             raise TypeError("pass the options either as config= or as keyword arguments, not both")
         self.config = config if config is not None else options
@@ -155,13 +138,19 @@ class Checkpointer:
             self._sync = distributed.RankSync(self.group, self.storage.uri)
         if self.config.coordinator:
             self._connect()  # before the persist worker: its commit protocol needs the client
-        self._policy = self._save_policy()
+        sync = self._sync
+        self._policy = save_policy(
+            self.config.every,
+            self._tuner,
+            agreed_interval=lambda: sync.interval if sync is not None else None,
+            ask=self._client.should_checkpoint if self._client is not None else None,
+        )
         self._persist = PersistWorker(
             self.storage,
             rank=self.rank,
             world_size=self.world_size,
             codecs=self.codecs,
-            commit=self._commit_protocol(),
+            commit=commit_protocol(sync.commit if sync is not None else None, self._client),
             keep=self.config.keep,
             full_every=self.config.full_every,
             on_persisted=self._on_persisted,
@@ -192,27 +181,6 @@ class Checkpointer:
                     # take its silence for a failure.
                     self._client.finish()
                 self._client.close()
-
-    def _commit_protocol(self) -> CommitProtocol:
-        local: CommitProtocol = SingleProcessCommit()
-        if self._sync is not None:
-            local = self._sync.commit
-        if self._client is not None:
-            return CoordinatorCommit(self._client, local)
-        return local
-
-    def _save_policy(self) -> SavePolicy:
-        if not self.config.auto:
-            # A fixed `every` is already the same on every rank: no coordinator needed.
-            return FixedInterval(int(self.config.every))
-        assert self._tuner is not None
-        sync = self._sync
-        policy: SavePolicy = AutoInterval(
-            self._tuner, agreed_interval=lambda: sync.interval if sync is not None else None
-        )
-        if self._client is not None:
-            policy = CoordinatorSchedule(self._client.should_checkpoint, fallback=policy)
-        return policy
 
     def _connect(self) -> None:
         from checkflow.client import CoordinatorClient
@@ -255,35 +223,11 @@ class Checkpointer:
         self.open()
         if step is None and self._registration is not None:
             step = self._registration.restore_step
-        steps = sorted(committed_steps(self.storage), reverse=True)
-        if step is not None:
-            if step not in steps:
-                raise NoCheckpointError(
-                    f"no committed checkpoint at step {step} in {self.storage.uri}"
-                )
-            steps = [s for s in steps if s <= step]
-        reader = CheckpointReader(self.storage, trust=trust)
-        live = distributed.live_state(self.state)
-
-        def read(candidate: int) -> dict[str, Any] | None:
-            try:
-                return distributed.read_state_dicts(reader, candidate, self.rank, live)
-            except RESTORE_ERRORS as e:
-                warnings.warn(
-                    f"checkpoint step {candidate} in {self.storage.uri} cannot be restored ({e}); "
-                    "falling back to the next older checkpoint",
-                    stacklevel=2,
-                )
-                return None
-
-        # With several ranks, every rank restores the same step (the newest all of them read).
-        found = distributed.restore_point(steps, read, self._sync)
+        steps = resume.candidate_steps(self.storage, step)
+        found = resume.read_newest(
+            self.storage, self.state, steps, rank=self.rank, sync=self._sync, trust=trust
+        )
         if found is None:
-            if steps:
-                warnings.warn(
-                    f"no checkpoint in {self.storage.uri} could be restored; starting at 0",
-                    stacklevel=2,
-                )
             return 0
         candidate, state_dicts = found
         meta = state_dicts.pop(META_KEY, {})
@@ -362,13 +306,13 @@ class Checkpointer:
         skip = self.config.when_busy == "skip" and not force
         pool = None
         if not skip:
-            pool = self._buffer_set()
+            pool = acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
         # With several ranks, prepare_snapshot tells every rank whether one has no free
         # buffer set (only possible with when_busy="skip"): they skip together, or one
         # rank's part would be missing and the step never commit.
         busy = skip and not self._snapshotter.buffers.has_free()
         if busy and self._sync is None:
-            self._count_skip("the previous persists are still running")
+            count_skip(self.stats, self._step, "the previous persists are still running")
             return None
         flat = flatten(self.state, rng=self.config.rng, allow_pickle=self.config.allow_pickle)
         flat.skeleton[META_KEY] = {"step": self._step}
@@ -381,10 +325,17 @@ class Checkpointer:
             rank=self.rank,
         )
         if shards is None:
-            self._count_skip("a rank is still persisting")
+            count_skip(self.stats, self._step, "a rank is still persisting")
             return None
         if pool is None:
-            pool = self._buffer_set()
+            pool = acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
+        return self._take(flat, shards, pool, t0)
+
+    def _take(
+        self, flat: FlatState, shards: dict[str, Any], pool: HostBufferPool, t0: float
+    ) -> Future[int]:
+        """Start the snapshot into ``pool`` and queue its persist; count the stall."""
+        assert self._persist is not None and self._snapshotter is not None
         protected = protected_pointers(self._optimizers)
         protected |= distributed.local_pointers(self._optimizers)
         snap = self._snapshotter.take(self._step, flat, protected, pool)
@@ -398,40 +349,6 @@ class Checkpointer:
         self.stats.stalls_s.append(stall)
         self._meter.checkpoint_started(self._step, stall, future)
         return future
-
-    def _buffer_set(self) -> HostBufferPool:
-        """A free host buffer set; waits (counted as a stall) while both are persisting."""
-        assert self._snapshotter is not None
-        buffers = self._snapshotter.buffers
-        pool = buffers.try_acquire()
-        if pool is not None:
-            return pool
-        pool, waited = buffers.acquire()
-        self.stats.waits += 1
-        self.stats.waited_s += waited
-        n = self.stats.waits
-        log.log(
-            logging.WARNING if n & (n - 1) == 0 else logging.DEBUG,  # 1, 2, 4, 8...
-            "checkpoint at step %d waited %.3fs for the previous persists: storage is slower "
-            "than the checkpoint interval (%d waits, %.1fs in all); a larger `every` or "
-            'every="auto" avoids this',
-            self._step,
-            waited,
-            n,
-            self.stats.waited_s,
-        )
-        return pool
-
-    def _count_skip(self, reason: str) -> None:
-        self.stats.skipped += 1
-        n = self.stats.skipped
-        log.log(
-            logging.WARNING if n & (n - 1) == 0 else logging.DEBUG,  # 1, 2, 4, 8...
-            "checkpoint at step %d skipped (when_busy='skip'): %s (%d skipped so far)",
-            self._step,
-            reason,
-            n,
-        )
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         snap = self._current

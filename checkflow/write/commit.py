@@ -113,3 +113,10 @@ class CoordinatorCommit(CommitProtocol):
         if answer is None:
             return self.local.rank_persisted(step, rank)
         return bool(answer)
+
+
+def commit_protocol(ranks: CommitProtocol | None, client: PersistReporter | None) -> CommitProtocol:
+    """Who commits: the coordinator when there is one (``ranks`` or a single process as
+    its fallback), else the cross-rank protocol ``ranks``, else this single process."""
+    local = ranks if ranks is not None else SingleProcessCommit()
+    return CoordinatorCommit(client, local) if client is not None else local

@@ -92,3 +92,29 @@ class CoordinatorSchedule(SavePolicy):
         if decision is None:
             return self.fallback.is_due(step, last_checkpoint_step)
         return bool(decision)
+
+
+def save_policy(
+    every: int | str,
+    tuner: FrequencyTuner | None,
+    *,
+    agreed_interval: Callable[[], int | None] = lambda: None,
+    ask: Callable[[int], bool | None] | None = None,
+) -> SavePolicy:
+    """The policy for a ``Checkpointer``'s ``every``.
+
+    A fixed ``every`` is the same on every rank already, so it needs neither the agreed
+    interval nor the coordinator. ``every="auto"`` applies ``tuner``'s interval (rank 0's
+    once agreed) and, with a coordinator (``ask``), the coordinator's schedule first.
+
+    Raises:
+        ValueError: ``every="auto"`` without a tuner.
+    """
+    if every != "auto":
+        return FixedInterval(int(every))
+    if tuner is None:
+        raise ValueError('every="auto" needs a FrequencyTuner')
+    policy: SavePolicy = AutoInterval(tuner, agreed_interval=agreed_interval)
+    if ask is not None:
+        policy = CoordinatorSchedule(ask, fallback=policy)
+    return policy

@@ -8,7 +8,7 @@ import pytest
 
 from checkflow.policy import FrequencyTuner
 from checkflow.write.measure import CostMeter
-from checkflow.write.policy import AutoInterval, CoordinatorSchedule, FixedInterval
+from checkflow.write.policy import AutoInterval, CoordinatorSchedule, FixedInterval, save_policy
 
 
 def _due_steps(policy, steps, last=0):
@@ -127,3 +127,23 @@ def test_cost_meter_without_a_tuner_only_keeps_the_last_stall_and_persist():
     meter.persisted(5, duration_s=0.2, last_stall_s=0.04)
     assert not meter.step_ended(0.1)
     assert (meter.last_cost_s, meter.last_persist_s) == (0.04, 0.2)
+
+
+def test_save_policy_for_a_fixed_every_ignores_the_coordinator():
+    policy = save_policy(4, None, ask=lambda s: True)
+    assert policy == FixedInterval(4)
+
+
+def test_save_policy_for_auto_asks_the_coordinator_first_then_the_agreed_interval():
+    tuner = FrequencyTuner(warmup_interval=10)
+    answers: dict[int, bool | None] = {3: True}
+    policy = save_policy("auto", tuner, agreed_interval=lambda: 5, ask=answers.get)
+    assert isinstance(policy, CoordinatorSchedule)
+    assert _due_steps(policy, 10) == [3, 8]  # the coordinator's 3, then 5 steps later
+    local = save_policy("auto", tuner, agreed_interval=lambda: None)
+    assert isinstance(local, AutoInterval) and local.interval == 10
+
+
+def test_save_policy_for_auto_without_a_tuner_is_refused():
+    with pytest.raises(ValueError, match="needs a FrequencyTuner"):
+        save_policy("auto", None)
