@@ -160,6 +160,20 @@ class PersistWorker:
             return True
         return self._full_bytes > 0 and self._chain_bytes > self.chain_budget * self._full_bytes
 
+    def _advance_chain(
+        self, step: int, refs: dict[tuple[str, int], Any], is_delta: bool, nbytes: int
+    ) -> None:
+        """``step`` is stored: the next deltas are against it (a full one resets the chain)."""
+        self._refs = refs
+        self._ref_step = step
+        if is_delta:
+            self._deltas_since_full += 1
+            self._chain_bytes += nbytes
+        else:
+            self._deltas_since_full = 0
+            self._full_bytes = nbytes
+            self._chain_bytes = 0
+
     def _persist(self, job: PersistJob) -> int:
         snap = job.snapshot
         t0 = time.perf_counter()
@@ -187,15 +201,7 @@ class PersistWorker:
         manifest_path = f"{folder}/{mf.rank_manifest_name(self.rank)}"
         self.storage.put(manifest_path, [rank_manifest.to_json()])
         is_delta = any(c.base_step is not None for c in chunks)
-        self._refs = new_refs
-        self._ref_step = snap.step
-        if is_delta:
-            self._deltas_since_full += 1
-            self._chain_bytes += writer.total
-        else:
-            self._deltas_since_full = 0
-            self._full_bytes = writer.total
-            self._chain_bytes = 0
+        self._advance_chain(snap.step, new_refs, is_delta, writer.total)
         result = RankResult(
             snap.step, self.rank, manifest_path, writer.total, time.perf_counter() - t0
         )
