@@ -340,8 +340,8 @@ class Checkflow(Strategy):
 
     def warm(self) -> None:
         self.ckpt.save().result()
-        s, p = self.ckpt.stats, self.ckpt._persist.stats
-        self._base = (s.due, s.taken, s.waits, len(s.stalls_s), p.bytes_written, p.committed)
+        s = self.ckpt.stats
+        self._base = (s.due, s.taken, s.waits, len(s.stalls_s), s.bytes_written, s.committed)
 
     def after_step(self, step: int) -> None:
         self.ckpt.step()
@@ -349,16 +349,14 @@ class Checkflow(Strategy):
     def drain(self) -> None:
         self.ckpt.wait()
         s = self.ckpt.stats
-        # PersistWorker.stats is the only place that counts bytes; Checkpointer.stats does not.
-        p = self.ckpt._persist.stats
         due, taken, waits, nstalls, nbytes, committed = self._base
         self.due = s.due - due
         self.taken = s.taken - taken
         self.waits = s.waits - waits
         self.stalls = list(s.stalls_s[nstalls:])
         self.interval = s.interval
-        if p.committed > committed:
-            per = (p.bytes_written - nbytes) / (p.committed - committed)
+        if s.committed > committed:
+            per = (s.bytes_written - nbytes) / (s.committed - committed)
             self.ckpt_bytes = [int(per)]
 
     def close(self) -> None:

@@ -9,64 +9,31 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import fields
 from typing import Any
 
 import torch
 
-from checkflow import distributed
-from checkflow.catalog import committed_steps
+from checkflow import distributed, resume
 from checkflow.codec import CodecRules
-from checkflow.persist import (
-    CommitProtocol,
-    PersistWorker,
-    RankResult,
-    SingleProcessCommit,
-)
+from checkflow.config import CheckpointConfig
 from checkflow.policy import FrequencyTuner
-from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
-from checkflow.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
-from checkflow.state import check_state, flatten, load_into
+from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
+from checkflow.write.backpressure import acquire_buffer_set, count_skip
+from checkflow.write.commit import RankResult, commit_protocol
+from checkflow.write.measure import CostMeter
+from checkflow.write.persist import PersistWorker
+from checkflow.write.policy import SavePolicy, save_policy
+from checkflow.write.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
+from checkflow.write.stats import CheckpointStats
 
 log = logging.getLogger(__name__)
 
 META_KEY = "__checkflow__"
 """Skeleton entry holding checkflow's own state (the step counter)."""
-
-WHEN_BUSY = ("wait", "skip")
-"""What a due checkpoint does when both host buffer sets are still being persisted."""
-
-
-@dataclass(slots=True)
-class CheckpointStats:
-    """What the checkpointer did; read it to see waits, stalls and the interval."""
-
-    due: int = 0
-    """Checkpoints that fell due (by ``every``, the policy, or ``save()``)."""
-    taken: int = 0
-    """Snapshots started: equal to ``due`` unless ``when_busy="skip"``."""
-    waits: int = 0
-    """Due checkpoints that found both buffer sets busy, so training waited for a persist."""
-    waited_s: float = 0.0
-    """Total time training waited for a buffer set (storage slower than the interval)."""
-    skipped: int = 0
-    """Due checkpoints not taken (only with ``when_busy="skip"``)."""
-    committed: int = 0
-    failed: int = 0
-    interval: int | None = None
-    """Current interval in steps (``every`` or the policy's choice)."""
-    stalls_s: list[float] = field(default_factory=list)
-    """Blocking time per checkpoint: the snapshot start plus waits in the optimizer hook."""
-    last_step: int | None = None
-    """Newest committed step."""
-    bytes_written: int = 0
-    """Bytes this rank stored, over all checkpoints."""
-    last_bytes: int = 0
-    """Bytes this rank stored for its newest checkpoint."""
 
 
 class Checkpointer:
@@ -76,27 +43,24 @@ class Checkpointer:
         uri: a local path or fsspec URL (``file://``, ``memory://``, ``s3://``, ``gs://``…).
         state: name -> object with ``state_dict()``/``load_state_dict()`` (modules,
             optimizers, LR schedulers, stateful data loaders).
-        every: checkpoint every N steps, or ``"auto"`` for CheckFreq's policy: measure the
-            step time and what a checkpoint costs, then pick the smallest interval whose
-            overhead stays under ``max_overhead`` and lets each persist finish in time.
+        process_group: the job's process group (default: the default group when
+            ``torch.distributed`` is initialized).
+        config: every other option at once, as a ``CheckpointConfig``; or pass them as
+            keyword arguments, one by one (not both):
+        every: checkpoint every N steps, or ``"auto"``: the smallest interval whose measured
+            overhead stays under ``max_overhead`` and that lets each persist finish in time.
         max_overhead: fraction of training time checkpoints may take (``every="auto"``).
         codec: a codec name for every tensor, or ``{glob on fqn: name}`` (first match wins).
         keep: committed checkpoints to retain (0 keeps all).
         rng: also save and restore the torch, CUDA, numpy and Python RNG states.
         coordinator: URL of a checkflow coordinator; ``job`` names the job there.
-        process_group: the job's process group (default: the default group when
-            ``torch.distributed`` is initialized).
         full_every: with incremental codecs, a full checkpoint at least every N deltas.
-        when_busy: a due checkpoint whose host buffers are all still being persisted
-            ``"wait"``s for one (the default: every due checkpoint is taken; the wait is
-            counted in ``stats.waits``/``stats.waited_s``) or, as an explicit opt-in,
-            ``"skip"``s (the next due step tries again).
+        when_busy: what a due checkpoint does while both host buffer sets are persisting:
+            ``"wait"`` (the default; counted in ``stats.waits``) or ``"skip"``.
         storage_options: passed to fsspec (credentials, endpoint).
         token: bearer token for the coordinator.
-        allow_pickle: store state values that are not data (see ``checkflow.objects``:
-            None, bool, int, float, str, bytes, lists, tuples, dicts, tensors, numpy
-            arrays) as pickles instead of refusing them at the first checkpoint. Loading
-            such a checkpoint then needs ``trust=True``, since unpickling runs code.
+        allow_pickle: store state values that are not data as pickles (loading needs
+            ``trust=True``).
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -120,37 +84,24 @@ class Checkpointer:
         storage_options: dict[str, Any] | None = None,
         token: str | None = None,
         allow_pickle: bool = False,
+        config: CheckpointConfig | None = None,
     ) -> None:
-        if every != "auto" and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
-            raise ValueError(f"every must be a positive int or 'auto', got {every!r}")
-        if not 0 < max_overhead <= 1:
-            raise ValueError(f"max_overhead must be in (0, 1], got {max_overhead}")
-        if not isinstance(keep, int) or keep < 0:
-            raise ValueError(f"keep must be >= 0 (0 keeps every checkpoint), got {keep!r}")
-        if full_every < 1:
-            raise ValueError(f"full_every must be >= 1, got {full_every}")
-        if when_busy not in WHEN_BUSY:
-            raise ValueError(f"when_busy must be one of {WHEN_BUSY}, got {when_busy!r}")
-        if coordinator is not None and not job:
-            raise ValueError("coordinator= needs job= (the job's name on the coordinator)")
+        # The keyword options are CheckpointConfig's fields, by name: a field without its
+        # keyword argument fails here at once (KeyError), not silently.
+        given = locals()
+        options = CheckpointConfig(**{f.name: given[f.name] for f in fields(CheckpointConfig)})
+        if config is not None and options != CheckpointConfig():
+            raise TypeError("pass the options either as config= or as keyword arguments, not both")
+        self.config = config if config is not None else options
+        cfg = self.config
         check_state(state)
         self.state = dict(state)
-        self.every = every
-        self.max_overhead = max_overhead
-        self.keep = keep
-        self.rng = rng
-        self.full_every = full_every
-        self.when_busy = when_busy
-        self.allow_pickle = allow_pickle
-        self.codecs = CodecRules(codec)
-        self.storage = Storage(uri, storage_options=storage_options)
+        self.codecs = CodecRules(cfg.codec)
+        self.storage = Storage(uri, storage_options=cfg.storage_options)
         self.group = distributed.resolve_group(process_group)
         self.rank, self.world_size = distributed.rank_and_world(self.group)
-        self.coordinator_url = coordinator
-        self.job = job
-        self.token = token
-        self.stats = CheckpointStats(interval=every if isinstance(every, int) else None)
-        self._tuner = FrequencyTuner(max_overhead=max_overhead) if every == "auto" else None
+        self.stats = CheckpointStats(interval=None if cfg.auto else int(cfg.every))
+        self._tuner = FrequencyTuner(max_overhead=cfg.max_overhead) if cfg.auto else None
         self._optimizers = [o for o in self.state.values() if isinstance(o, torch.optim.Optimizer)]
         self._step = 0
         self._last_checkpoint_step = 0
@@ -164,9 +115,8 @@ class Checkpointer:
         self._current: Snapshot | None = None
         self._pending: list[Future[int]] = []
         self._last_future: Future[int] | None = None
-        self._measure: _CheckpointCost | None = None
-        self._last_cost_s: float | None = None
-        self._last_persist_s: float | None = None
+        self._meter = CostMeter(self._tuner)
+        self._policy: SavePolicy | None = None
         self._sync: distributed.RankSync | None = None
         self._global_names = distributed.global_state_names(self.state)
 
@@ -186,22 +136,30 @@ class Checkpointer:
         self._snapshotter = Snapshotter(buffer_sets=2)
         if self.world_size > 1:
             self._sync = distributed.RankSync(self.group, self.storage.uri)
+        if self.config.coordinator:
+            self._connect()  # before the persist worker: its commit protocol needs the client
+        sync = self._sync
+        self._policy = save_policy(
+            self.config.every,
+            self._tuner,
+            agreed_interval=lambda: sync.interval if sync is not None else None,
+            ask=self._client.should_checkpoint if self._client is not None else None,
+        )
         self._persist = PersistWorker(
             self.storage,
             rank=self.rank,
             world_size=self.world_size,
             codecs=self.codecs,
-            commit=self._commit_protocol(),
-            keep=self.keep,
-            full_every=self.full_every,
+            commit=commit_protocol(sync.commit if sync is not None else None, self._client),
+            keep=self.config.keep,
+            full_every=self.config.full_every,
             on_persisted=self._on_persisted,
             on_done=self._snapshotter.release,
-            allow_pickle=self.allow_pickle,
+            allow_pickle=self.config.allow_pickle,
+            stats=self.stats,
         )
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
-        if self.coordinator_url:
-            self._connect()
 
     def close(self, *, raise_errors: bool = True) -> None:
         """Wait for in-flight checkpoints, then stop threads and remove hooks."""
@@ -224,26 +182,19 @@ class Checkpointer:
                     self._client.finish()
                 self._client.close()
 
-    def _commit_protocol(self) -> CommitProtocol:
-        local: CommitProtocol = SingleProcessCommit()
-        if self._sync is not None:
-            local = self._sync.commit
-        if self.coordinator_url:
-            return _CoordinatorCommit(self, local)
-        return local
-
     def _connect(self) -> None:
         from checkflow.client import CoordinatorClient
 
-        assert self.coordinator_url is not None and self.job is not None
+        cfg = self.config
+        assert cfg.coordinator is not None and cfg.job is not None
         self._client = CoordinatorClient(
-            self.coordinator_url,
-            self.job,
+            cfg.coordinator,
+            cfg.job,
             self.rank,
             self.world_size,
-            token=self.token,
+            token=cfg.token,
             storage_uri=self.storage.uri,
-            max_overhead=self.max_overhead,
+            max_overhead=cfg.max_overhead,
         )
         self._registration = self._client.register()
         self._client.start()
@@ -272,35 +223,11 @@ class Checkpointer:
         self.open()
         if step is None and self._registration is not None:
             step = self._registration.restore_step
-        steps = sorted(committed_steps(self.storage), reverse=True)
-        if step is not None:
-            if step not in steps:
-                raise NoCheckpointError(
-                    f"no committed checkpoint at step {step} in {self.storage.uri}"
-                )
-            steps = [s for s in steps if s <= step]
-        reader = CheckpointReader(self.storage, trust=trust)
-        live = distributed.live_state(self.state)
-
-        def read(candidate: int) -> dict[str, Any] | None:
-            try:
-                return distributed.read_state_dicts(reader, candidate, self.rank, live)
-            except RESTORE_ERRORS as e:
-                warnings.warn(
-                    f"checkpoint step {candidate} in {self.storage.uri} cannot be restored ({e}); "
-                    "falling back to the next older checkpoint",
-                    stacklevel=2,
-                )
-                return None
-
-        # With several ranks, every rank restores the same step (the newest all of them read).
-        found = distributed.restore_point(steps, read, self._sync)
+        steps = resume.candidate_steps(self.storage, step)
+        found = resume.read_newest(
+            self.storage, self.state, steps, rank=self.rank, sync=self._sync, trust=trust
+        )
         if found is None:
-            if steps:
-                warnings.warn(
-                    f"no checkpoint in {self.storage.uri} could be restored; starting at 0",
-                    stacklevel=2,
-                )
             return 0
         candidate, state_dicts = found
         meta = state_dicts.pop(META_KEY, {})
@@ -369,37 +296,25 @@ class Checkpointer:
             log.error("a checkpoint failed while exiting: %s", e)
 
     def _due(self) -> bool:
-        if self._client is not None and self._tuner is not None:
-            # every="auto": the coordinator gives every rank of the job the same schedule;
-            # without a reply yet (or while it is down) the local policy decides. A fixed
-            # `every` is already the same on every rank.
-            decision = self._client.should_checkpoint(self._step)
-            if decision is not None:
-                return bool(decision)
-        if isinstance(self.every, int):
-            return self._step % self.every == 0
-        assert self._tuner is not None
-        interval = self._tuner.interval
-        if self._sync is not None and self._sync.interval:
-            interval = self._sync.interval  # rank 0's, so that every rank picks the same step
-        return self._step - self._last_checkpoint_step >= interval
+        assert self._policy is not None
+        return self._policy.is_due(self._step, self._last_checkpoint_step)
 
     def _checkpoint(self, *, force: bool) -> Future[int] | None:
         assert self._persist is not None and self._snapshotter is not None
         self.stats.due += 1
         t0 = time.perf_counter()
-        skip = self.when_busy == "skip" and not force
+        skip = self.config.when_busy == "skip" and not force
         pool = None
         if not skip:
-            pool = self._buffer_set()
+            pool = acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
         # With several ranks, prepare_snapshot tells every rank whether one has no free
         # buffer set (only possible with when_busy="skip"): they skip together, or one
         # rank's part would be missing and the step never commit.
         busy = skip and not self._snapshotter.buffers.has_free()
         if busy and self._sync is None:
-            self._count_skip("the previous persists are still running")
+            count_skip(self.stats, self._step, "the previous persists are still running")
             return None
-        flat = flatten(self.state, rng=self.rng, allow_pickle=self.allow_pickle)
+        flat = flatten(self.state, rng=self.config.rng, allow_pickle=self.config.allow_pickle)
         flat.skeleton[META_KEY] = {"step": self._step}
         shards = distributed.prepare_snapshot(
             flat,
@@ -410,10 +325,17 @@ class Checkpointer:
             rank=self.rank,
         )
         if shards is None:
-            self._count_skip("a rank is still persisting")
+            count_skip(self.stats, self._step, "a rank is still persisting")
             return None
         if pool is None:
-            pool = self._buffer_set()
+            pool = acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
+        return self._take(flat, shards, pool, t0)
+
+    def _take(
+        self, flat: FlatState, shards: dict[str, Any], pool: HostBufferPool, t0: float
+    ) -> Future[int]:
+        """Start the snapshot into ``pool`` and queue its persist; count the stall."""
+        assert self._persist is not None and self._snapshotter is not None
         protected = protected_pointers(self._optimizers)
         protected |= distributed.local_pointers(self._optimizers)
         snap = self._snapshotter.take(self._step, flat, protected, pool)
@@ -425,48 +347,8 @@ class Checkpointer:
         self.stats.taken += 1
         stall = time.perf_counter() - t0
         self.stats.stalls_s.append(stall)
-        m = self._measure
-        if m is None or (m.future.done() and m.persist_s is None):
-            # One checkpoint is measured at a time, from snapshot to commit (or failure).
-            # Replacing it with a newer one while it persists (a second buffer set makes
-            # that possible) would never let a slow persist be measured, and every="auto"
-            # would keep its warm-up interval and wait on storage for ever.
-            self._measure = _CheckpointCost(step=self._step, stall_s=stall, future=future)
+        self._meter.checkpoint_started(self._step, stall, future)
         return future
-
-    def _buffer_set(self) -> HostBufferPool:
-        """A free host buffer set; waits (counted as a stall) while both are persisting."""
-        assert self._snapshotter is not None
-        buffers = self._snapshotter.buffers
-        pool = buffers.try_acquire()
-        if pool is not None:
-            return pool
-        pool, waited = buffers.acquire()
-        self.stats.waits += 1
-        self.stats.waited_s += waited
-        n = self.stats.waits
-        log.log(
-            logging.WARNING if n & (n - 1) == 0 else logging.DEBUG,  # 1, 2, 4, 8...
-            "checkpoint at step %d waited %.3fs for the previous persists: storage is slower "
-            "than the checkpoint interval (%d waits, %.1fs in all); a larger `every` or "
-            'every="auto" avoids this',
-            self._step,
-            waited,
-            n,
-            self.stats.waited_s,
-        )
-        return pool
-
-    def _count_skip(self, reason: str) -> None:
-        self.stats.skipped += 1
-        n = self.stats.skipped
-        log.log(
-            logging.WARNING if n & (n - 1) == 0 else logging.DEBUG,  # 1, 2, 4, 8...
-            "checkpoint at step %d skipped (when_busy='skip'): %s (%d skipped so far)",
-            self._step,
-            reason,
-            n,
-        )
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         snap = self._current
@@ -476,80 +358,37 @@ class Checkpointer:
         self._current = None
         if waited and self.stats.stalls_s:
             self.stats.stalls_s[-1] += waited
-            if self._measure is not None and self._measure.step == snap.step:
-                self._measure.stall_s += waited
+            self._meter.optimizer_waited(snap.step, waited)
 
     def _observe(self, now: float) -> None:
         """Feed the policy: step times, and each checkpoint's cost once it committed."""
         if self._last_step_end is None:
             return
         dt = now - self._last_step_end
-        m = self._measure
+        meter = self._meter
         if self._client is not None:
-            self._client.report_progress(self._step, dt, self._last_cost_s, self._last_persist_s)
-        if self._tuner is None:
+            self._client.report_progress(self._step, dt, meter.last_cost_s, meter.last_persist_s)
+        if not meter.step_ended(dt):
             return
-        if m is None:
-            self._tuner.observe_iteration(dt)
-            return
-        baseline = self._tuner.iteration_s
-        if baseline is not None:
-            m.slowdown_s += max(0.0, dt - baseline)
-        if m.persist_s is not None:
-            self._last_cost_s, self._last_persist_s = m.stall_s + m.slowdown_s, m.persist_s
-            self._tuner.observe_checkpoint(m.stall_s + m.slowdown_s, m.persist_s)
-            self._measure = None
-            if self._tuner.update():
-                p = self._tuner.profile
-                assert p is not None
-                log.info(
-                    "checkpoint interval now %d steps (step %.4fs, cost %.4fs, persist %.4fs, "
-                    "budget %.1f%%)",
-                    self._tuner.interval,
-                    p.iteration_s,
-                    p.cost_s,
-                    p.persist_s,
-                    100 * self.max_overhead,
-                )
-            self.stats.interval = self._tuner.interval
+        tuner = self._tuner
+        assert tuner is not None
+        if tuner.update():
+            p = tuner.profile
+            assert p is not None
+            log.info(
+                "checkpoint interval now %d steps (step %.4fs, cost %.4fs, persist %.4fs, "
+                "budget %.1f%%)",
+                tuner.interval,
+                p.iteration_s,
+                p.cost_s,
+                p.persist_s,
+                100 * self.config.max_overhead,
+            )
+        self.stats.interval = tuner.interval
 
     def _on_persisted(self, result: RankResult) -> None:
-        # Runs on the persist thread.
-        self.stats.committed += 1
-        self.stats.last_step = result.step
-        self.stats.bytes_written += result.nbytes
-        self.stats.last_bytes = result.nbytes
-        self._last_persist_s = result.duration_s
-        if self._tuner is None and self.stats.stalls_s:
-            self._last_cost_s = self.stats.stalls_s[-1]
+        # Runs on the persist thread, which has counted the result in self.stats.
+        last_stall = self.stats.stalls_s[-1] if self.stats.stalls_s else None
+        self._meter.persisted(result.step, result.duration_s, last_stall)
         if self._client is not None and result.committed:
             self._client.report_committed(result.step)
-        m = self._measure
-        if m is not None and m.step == result.step:
-            m.persist_s = result.duration_s
-
-
-@dataclass(slots=True)
-class _CheckpointCost:
-    step: int
-    stall_s: float
-    future: Future[int]
-    slowdown_s: float = 0.0
-    persist_s: float | None = None
-
-
-class _CoordinatorCommit(CommitProtocol):
-    """Asks the coordinator which rank commits; falls back to ``local`` when it is down."""
-
-    def __init__(self, owner: Checkpointer, local: CommitProtocol) -> None:
-        self.owner = owner
-        self.local = local
-
-    def rank_persisted(self, step: int, rank: RankResult) -> bool:
-        client = self.owner._client
-        answer = None
-        if client is not None:
-            answer = client.report_persisted(step, rank.nbytes, rank.duration_s, rank.manifest_path)
-        if answer is None:
-            return self.local.rank_persisted(step, rank)
-        return bool(answer)

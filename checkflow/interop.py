@@ -116,10 +116,11 @@ def _commit_state(
     state: dict[str, Any], uri: str, step: int, storage_options: dict[str, Any] | None
 ) -> None:
     from checkflow.codec import CodecRules
-    from checkflow.persist import PersistWorker, SingleProcessCommit
-    from checkflow.snapshot import Snapshotter
     from checkflow.state import flatten
     from checkflow.storage import Storage
+    from checkflow.write.commit import SingleProcessCommit
+    from checkflow.write.persist import PersistWorker
+    from checkflow.write.snapshot import Snapshotter
 
     flat = flatten({name: _Holder(sd) for name, sd in state.items()})
     flat.skeleton[_META_KEY] = {"step": step}

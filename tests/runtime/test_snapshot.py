@@ -6,8 +6,8 @@ import threading
 
 import torch
 
-from checkflow.snapshot import BufferSets, Snapshotter, protected_pointers
 from checkflow.state import flatten
+from checkflow.write.snapshot import BufferSets, Snapshotter, protected_pointers
 from tests.runtime._models import small_state, train_step
 
 
@@ -103,7 +103,7 @@ class _FakeCuda:
 
 
 def test_cuda_copies_run_on_a_side_stream_after_queued_work_and_order_the_next_step():
-    from checkflow.snapshot import CudaCopier
+    from checkflow.write.snapshot import CudaCopier
 
     fake = _FakeCuda()
     copier = CudaCopier(cuda=fake)

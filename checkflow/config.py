@@ -1,0 +1,96 @@
+"""``CheckpointConfig``: how a ``Checkpointer`` checkpoints, checked before anything runs.
+
+Every bad value or combination is refused in ``__post_init__`` with the argument's name, so a
+typo fails when the ``Checkpointer`` is built, not at the first checkpoint hours into a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+WHEN_BUSY = ("wait", "skip")
+"""What a due checkpoint does when both host buffer sets are still being persisted."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """Every option of a ``Checkpointer`` except where (``uri``), what (``state``) and the
+    process group.
+
+    Raises:
+        ValueError: a value out of range or a bad combination; the message names the argument.
+    """
+
+    every: int | str = "auto"
+    """Checkpoint every N steps, or ``"auto"`` (CheckFreq): measure the step time and what a
+    checkpoint costs, then pick the smallest interval whose overhead stays under
+    ``max_overhead`` and that lets each persist finish in time."""
+    max_overhead: float = 0.035
+    """Fraction of training time checkpoints may take, in (0, 1] (``every="auto"``)."""
+    codec: str | Mapping[str, str] = "exact"
+    """A codec name for every tensor, or ``{glob on fqn: name}`` (first match wins)."""
+    keep: int = 3
+    """Committed checkpoints to retain, or zero to retain all."""
+    rng: bool = True
+    """Also save and restore the torch, CUDA, numpy and Python RNG states."""
+    coordinator: str | None = None
+    """URL of a checkflow coordinator; needs ``job``."""
+    job: str | None = None
+    """The job's name on the coordinator."""
+    full_every: int = 10
+    """With incremental codecs, a full checkpoint at least every N deltas (N >= 1)."""
+    when_busy: str = "wait"
+    """A due checkpoint whose host buffer sets are all still being persisted ``"wait"``s for
+    one (every due checkpoint is taken; the wait is counted in ``stats.waits`` and
+    ``stats.waited_s``) or, as an explicit opt-in, ``"skip"``s (the next due step tries again)."""
+    storage_options: dict[str, Any] | None = None
+    """Passed to fsspec (credentials, endpoint)."""
+    token: str | None = None
+    """Bearer token for the coordinator."""
+    allow_pickle: bool = False
+    """Store state values that are not data (see ``checkflow.objects``) as pickles instead of
+    refusing them at the first checkpoint. Loading such a checkpoint then needs
+    ``trust=True``, since unpickling runs code."""
+
+    def __post_init__(self) -> None:
+        if self.every != "auto" and not _is_int(self.every, minimum=1):
+            raise ValueError(f"every must be a positive int or 'auto', got {self.every!r}")
+        if not _is_number(self.max_overhead) or not 0 < self.max_overhead <= 1:
+            raise ValueError(f"max_overhead must be in (0, 1], got {self.max_overhead!r}")
+        if not _is_int(self.keep, minimum=0):
+            raise ValueError(f"keep must be >= 0 (0 keeps every checkpoint), got {self.keep!r}")
+        if not _is_int(self.full_every, minimum=1):
+            raise ValueError(f"full_every must be >= 1, got {self.full_every!r}")
+        if self.when_busy not in WHEN_BUSY:
+            raise ValueError(f"when_busy must be one of {WHEN_BUSY}, got {self.when_busy!r}")
+        if self.coordinator is not None and not self.job:
+            raise ValueError("coordinator= needs job= (the job's name on the coordinator)")
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise ValueError(
+                f"storage_options must be a dict of fsspec options, got {self.storage_options!r}"
+            )
+        _check_codec(self.codec)
+
+    @property
+    def auto(self) -> bool:
+        """True when the interval is tuned (``every="auto"``)."""
+        return self.every == "auto"
+
+
+def _is_int(value: object, *, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_codec(codec: str | Mapping[str, str]) -> None:
+    """Unknown codec names fail here, listing the valid ones (``CodecRules`` checks them)."""
+    if not isinstance(codec, str | Mapping):
+        raise ValueError(f"codec must be a codec name or {{glob: name}}, got {codec!r}")
+    from checkflow.codec import CodecRules  # the codec registry imports torch
+
+    CodecRules(codec)

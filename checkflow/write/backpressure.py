@@ -1,0 +1,55 @@
+"""What a due checkpoint does while storage is slower than the interval (``when_busy``).
+
+Both host buffer sets still being persisted means storage is behind. With ``"wait"`` the
+training thread waits for a set, and the wait is counted and logged; with ``"skip"`` the
+checkpoint is not taken and the skip is counted. Either way the log says why, at WARNING
+for the 1st, 2nd, 4th, 8th... occurrence so that a persistent condition does not flood it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from checkflow.write.snapshot import BufferSets, HostBufferPool
+from checkflow.write.stats import CheckpointStats
+
+log = logging.getLogger(__name__)
+
+
+def acquire_buffer_set(buffers: BufferSets, stats: CheckpointStats, step: int) -> HostBufferPool:
+    """A free host buffer set; waits (counted in ``stats``) while every set is persisting."""
+    pool = buffers.try_acquire()
+    if pool is not None:
+        return pool
+    pool, waited = buffers.acquire()
+    stats.waits += 1
+    stats.waited_s += waited
+    n = stats.waits
+    log.log(
+        _level(n),
+        "checkpoint at step %d waited %.3fs for the previous persists: storage is slower "
+        "than the checkpoint interval (%d waits, %.1fs in all); a larger `every` or "
+        'every="auto" avoids this',
+        step,
+        waited,
+        n,
+        stats.waited_s,
+    )
+    return pool
+
+
+def count_skip(stats: CheckpointStats, step: int, reason: str) -> None:
+    """A due checkpoint of ``step`` was not taken (``when_busy="skip"``) because of ``reason``."""
+    stats.skipped += 1
+    n = stats.skipped
+    log.log(
+        _level(n),
+        "checkpoint at step %d skipped (when_busy='skip'): %s (%d skipped so far)",
+        step,
+        reason,
+        n,
+    )
+
+
+def _level(n: int) -> int:
+    return logging.WARNING if n & (n - 1) == 0 else logging.DEBUG  # 1, 2, 4, 8...

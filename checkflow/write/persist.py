@@ -1,0 +1,279 @@
+"""Phase 2: encode, checksum and write a snapshot in the background, then commit.
+
+One ``PersistWorker`` thread per rank takes snapshots in order. For each it encodes every
+tensor chunk (≤ 64 MiB), writes the chunks into data files, writes the rank manifest, and
+asks the ``CommitProtocol`` whether it is the rank that writes ``MANIFEST.json`` (the commit:
+only once every rank's manifest is stored). The committing rank then applies retention.
+Nothing here ever runs on the training thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from checkflow import knobs, objects
+from checkflow import manifest as mf
+from checkflow.catalog import apply_retention
+from checkflow.codec import CodecRules, get_codec
+from checkflow.codec.base import dtype_name
+from checkflow.storage import Storage
+from checkflow.write.commit import CommitProtocol, RankResult, write_commit
+from checkflow.write.datafiles import DataFileWriter, checksum, chunk_boxes
+from checkflow.write.snapshot import Snapshot
+from checkflow.write.stats import CheckpointStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PersistJob:
+    snapshot: Snapshot
+    future: Future[int]
+    full: bool = False
+    """Force a full (non-delta) checkpoint."""
+    shards: dict[str, Any] | None = None
+    """``{fqn: distributed.Shard}``: where a local tensor sits in its global tensor
+    (absent: the tensor is whole)."""
+
+
+class PersistWorker:
+    """Background thread that persists snapshots for one rank, in order.
+
+    Args:
+        storage: where checkpoints go.
+        rank, world_size: this process's place in the job.
+        codecs: which codec each tensor gets.
+        commit: who writes the global manifest.
+        keep: committed checkpoints to retain (0 keeps all); applied by the committing rank.
+        full_every: a full checkpoint at least every this many deltas.
+        chain_budget: a full checkpoint whenever the deltas since the last full one add up
+            to more than this fraction of it.
+        on_persisted: called on this thread with each ``RankResult`` (reports, stats).
+        on_done: called with the snapshot when its buffers may be reused.
+        allow_pickle: store objects that are not data (``checkflow.objects``) as pickles
+            instead of failing the checkpoint.
+        stats: where this thread counts what it stored, committed or failed (the
+            ``Checkpointer``'s own record; a new one by default).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        codecs: CodecRules,
+        commit: CommitProtocol,
+        keep: int = 3,
+        full_every: int = 10,
+        chain_budget: float = 0.5,
+        on_persisted: Callable[[RankResult], None] | None = None,
+        on_done: Callable[[Snapshot], None] | None = None,
+        meta: Callable[[], dict[str, Any]] | None = None,
+        allow_pickle: bool = False,
+        stats: CheckpointStats | None = None,
+    ) -> None:
+        self.storage = storage
+        self.rank = rank
+        self.world_size = world_size
+        self.codecs = codecs
+        self.commit = commit
+        self.keep = keep
+        self.full_every = full_every
+        self.chain_budget = chain_budget
+        self.on_persisted = on_persisted
+        self.on_done = on_done
+        self.meta = meta
+        self.allow_pickle = allow_pickle
+        self.stats = stats if stats is not None else CheckpointStats()
+        self._queue: queue.Queue[PersistJob | None] = queue.Queue()
+        self._refs: dict[tuple[str, int], Any] = {}
+        self._ref_step: int | None = None
+        self._deltas_since_full = 0
+        self._full_bytes = 0
+        self._chain_bytes = 0
+        self._thread = threading.Thread(target=self._run, name="checkflow-persist", daemon=True)
+        self._thread.start()
+
+    # -- training-thread side --------------------------------------------------------------
+    def submit(
+        self, snapshot: Snapshot, *, full: bool = False, shards: dict[str, Any] | None = None
+    ) -> Future[int]:
+        """Queue ``snapshot``; the future resolves to its step once committed (or raises).
+
+        ``shards`` places local tensors (DTensor shards) in their global tensors."""
+        future: Future[int] = Future()
+        self._queue.put(PersistJob(snapshot, future, full, shards))
+        return future
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    # -- the thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        _lower_priority(knobs.persist_nice())
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            error: BaseException | None = None
+            try:
+                job.snapshot.wait()
+                self._persist(job)
+            except BaseException as e:  # a failed persist must not kill the worker
+                self.stats.failed += 1
+                self._reset_chain()
+                log.error("checkpoint of step %d failed: %s", job.snapshot.step, e)
+                error = e
+            # Buffers first, then the future: whoever waited on the future may reuse them.
+            try:
+                if self.on_done is not None:
+                    self.on_done(job.snapshot)
+            finally:
+                if error is not None:
+                    job.future.set_exception(error)
+                else:
+                    job.future.set_result(job.snapshot.step)
+
+    def _reset_chain(self) -> None:
+        # After a failure the step this rank's refs point at may never commit: start over.
+        self._refs.clear()
+        self._ref_step = None
+        self._deltas_since_full = 0
+
+    def _want_full(self, job: PersistJob) -> bool:
+        if job.full or self._ref_step is None or not self._refs:
+            return True
+        if self._deltas_since_full >= self.full_every:
+            return True
+        return self._full_bytes > 0 and self._chain_bytes > self.chain_budget * self._full_bytes
+
+    def _advance_chain(
+        self, step: int, refs: dict[tuple[str, int], Any], is_delta: bool, nbytes: int
+    ) -> None:
+        """``step`` is stored: the next deltas are against it (a full one resets the chain)."""
+        self._refs = refs
+        self._ref_step = step
+        if is_delta:
+            self._deltas_since_full += 1
+            self._chain_bytes += nbytes
+        else:
+            self._deltas_since_full = 0
+            self._full_bytes = nbytes
+            self._chain_bytes = 0
+
+    def _persist(self, job: PersistJob) -> int:
+        snap = job.snapshot
+        t0 = time.perf_counter()
+        full = self._want_full(job)
+        # Encoded first: state that cannot be stored fails the checkpoint before any write.
+        stored = objects.encode(snap.skeleton, allow_pickle=self.allow_pickle)
+        folder = mf.step_dir(snap.step)
+        writer = DataFileWriter(self.storage, folder, self.rank)
+        new_refs: dict[tuple[str, int], Any] = {}
+        chunks: list[mf.ChunkEntry] = []
+        for fqn, tensor in snap.tensors.items():
+            shard = (job.shards or {}).get(fqn)
+            chunks.extend(self._encode_tensor(fqn, tensor, writer, full, new_refs, shard))
+        entries = [writer.add_object("skeleton", stored)]
+        writer.flush()
+        rank_manifest = mf.RankManifest(
+            step=snap.step,
+            rank=self.rank,
+            world_size=self.world_size,
+            created=time.time(),
+            chunks=chunks,
+            objects=entries,
+            nbytes=writer.total,
+        )
+        manifest_path = f"{folder}/{mf.rank_manifest_name(self.rank)}"
+        self.storage.put(manifest_path, [rank_manifest.to_json()])
+        is_delta = any(c.base_step is not None for c in chunks)
+        self._advance_chain(snap.step, new_refs, is_delta, writer.total)
+        result = RankResult(
+            snap.step, self.rank, manifest_path, writer.total, time.perf_counter() - t0
+        )
+        if delay := knobs.commit_delay_s():
+            time.sleep(delay)  # fault injection for tests: a window to kill us mid-persist
+        if self.commit.rank_persisted(snap.step, result):
+            result.committed = True
+            write_commit(
+                self.storage, snap.step, self.world_size, meta=self.meta() if self.meta else {}
+            )
+            if self.keep:
+                apply_retention(self.storage, self.keep)
+        duration = time.perf_counter() - t0
+        self.stats.committed += 1
+        self.stats.last_step = snap.step
+        self.stats.bytes_written += writer.total
+        self.stats.last_bytes = writer.total
+        self.stats.last_persist_s = duration
+        self.stats.last_kind = "delta" if is_delta else "full"
+        self.stats.persist_times.append(duration)
+        result.duration_s = duration
+        if self.on_persisted is not None:
+            self.on_persisted(result)
+        return snap.step
+
+    def _encode_tensor(
+        self,
+        fqn: str,
+        tensor: torch.Tensor,
+        writer: DataFileWriter,
+        full: bool,
+        new_refs: dict[tuple[str, int], Any],
+        shard: Any = None,
+    ) -> list[mf.ChunkEntry]:
+        name = self.codecs.name_for(fqn, tensor)
+        codec = get_codec(name)
+        shape = tuple(tensor.shape)
+        global_shape = list(shard.global_shape) if shard is not None else list(shape)
+        origin = list(shard.offset) if shard is not None else [0] * len(shape)
+        entries = []
+        for start, stop in chunk_boxes(shape, tensor.element_size(), knobs.chunk_bytes()):
+            box = tensor.reshape(1) if not shape else tensor[start:stop]
+            ref = None if full or not codec.incremental else self._refs.get((fqn, start))
+            encoded, new_ref = codec.encode(box, ref)
+            if codec.incremental:
+                new_refs[(fqn, start)] = new_ref
+            file, offset = writer.add(encoded.data)
+            entries.append(
+                mf.ChunkEntry(
+                    fqn=fqn,
+                    dtype=dtype_name(tensor.dtype),
+                    global_shape=global_shape,
+                    offset=[origin[0] + start, *origin[1:]] if shape else [],
+                    shape=list(box.shape) if shape else [],
+                    codec=name,
+                    params=encoded.params,
+                    file=file,
+                    byte_offset=offset,
+                    nbytes=encoded.nbytes,
+                    checksum=checksum(encoded.data),
+                    base_step=self._ref_step if encoded.delta else None,
+                )
+            )
+        return entries
+
+
+def _lower_priority(nice: int) -> None:
+    """Let training threads win the CPU over encoding and writing (Linux: per thread)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except OSError as e:  # not allowed here: persist at normal priority
+        log.debug("could not lower the persist thread's priority: %s", e)
