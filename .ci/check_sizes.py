@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         f"check_sizes: {len(failing)} over the limits (modules <= {args.max_module_lines} lines, "
         f"functions <= {args.max_function_lines}), {len(offenders) - len(failing)} exempt"
     )
+    stale = sorted(exempt - {o.path for o in offenders})
+    if stale:
+        print(f"check_sizes: exempt but within the limits (or gone), remove: {', '.join(stale)}")
     return 1 if failing else 0
 
 

@@ -90,3 +90,22 @@ def test_check_sizes_refuses_a_missing_folder(tmp_path: Path) -> None:
     result = _run(tmp_path / "nowhere")
     assert result.returncode == 2
     assert "no such folder" in result.stderr
+
+
+def test_check_sizes_names_exempt_paths_that_no_longer_need_it(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "small.py").write_text("x = 1\n")
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[tool.checkflow.sizes]\nexempt = ["pkg/small.py", "pkg/gone.py"]\n')
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "pkg", "--pyproject", str(pyproject)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        "check_sizes: exempt but within the limits (or gone), remove: pkg/gone.py, pkg/small.py"
+    )
