@@ -1,6 +1,6 @@
 """The on-storage schema, format version 1: versioned dataclasses <-> JSON. Pure; no I/O.
 
-Layout of one checkpoint (see DESIGN.md)::
+Layout of one checkpoint (docs/ARCHITECTURE.md describes the whole format)::
 
     <uri>/step-000001200/
         rank-00000-000.chunks   # encoded chunks of rank 0, concatenated (several files)
