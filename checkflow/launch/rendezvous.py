@@ -18,6 +18,8 @@ store. Nothing from an earlier round can be read. Backends register as ``checkfl
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from torch.distributed import PrefixStore
 from torch.distributed.elastic.rendezvous import (
@@ -97,11 +99,12 @@ def register() -> None:
         rendezvous_handler_registry.register(PREFIX + backend, _creator(backend))
 
 
-def _creator(backend: str):  # noqa: ANN202 - the registry's RendezvousHandlerCreator
+def _creator(backend: str) -> Callable[[Any], Any]:
+    """The registry's ``RendezvousHandlerCreator`` for ``backend`` (one per backend)."""
     return _CREATORS.setdefault(backend, lambda params: _create(backend, params))
 
 
-_CREATORS: dict = {}
+_CREATORS: dict[str, Callable[[Any], Any]] = {}
 """One creator per backend, so that registering twice registers the same callable."""
 
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from checkflow.parallel import _compat
 from checkflow.parallel.groups import rank_and_world
 from checkflow.parallel.sharding import LocalState, balanced_writers
-from checkflow.persist import CommitProtocol, RankResult
+from checkflow.write.commit import CommitProtocol, RankResult
 
 log = logging.getLogger(__name__)
 
