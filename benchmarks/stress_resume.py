@@ -308,7 +308,8 @@ def report(cycles: list[Cycle], seconds: float, args: argparse.Namespace) -> Non
             f"coordinator restore point older than the newest commit on storage: "
             f"{sum(c.lagged for c in cycles)} of {n}"
         )
-    print(f"resumes that warned they cannot be exact: {sum(bool(c.resumed.warnings) for c in cycles)}")
+    warned = sum(bool(c.resumed.warnings) for c in cycles)
+    print(f"resumes that warned they cannot be exact: {warned} of {n}")
     print(
         f"bitwise equal:   {sum(c.equal for c in cycles)} of {n}; "
         f"cycles with a failed check: {sum(bool(c.problems) for c in cycles)}"

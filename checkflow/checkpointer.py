@@ -18,7 +18,8 @@ import torch
 
 from checkflow import distributed, resume
 from checkflow.codec import CodecRules
-from checkflow.config import CheckpointConfig
+from checkflow.config import CheckpointConfig, with_launcher_settings
+from checkflow.determinism import environment, warn_if_different
 from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
@@ -92,7 +93,7 @@ class Checkpointer:
         options = CheckpointConfig(**{f.name: given[f.name] for f in fields(CheckpointConfig)})
         if config is not None and options != CheckpointConfig():
             raise TypeError("pass the options either as config= or as keyword arguments, not both")
-        self.config = config if config is not None else options
+        self.config = with_launcher_settings(config if config is not None else options)
         cfg = self.config
         check_state(state)
         self.state = dict(state)
@@ -233,6 +234,8 @@ class Checkpointer:
         meta = state_dicts.pop(META_KEY, {})
         load_into(self.state, state_dicts)
         self._step = int(meta.get("step", candidate))
+        if self.codecs.lossless:
+            warn_if_different(meta.get("environment", {}), step=self._step, uri=self.storage.uri)
         self._last_checkpoint_step = self._step
         self._last_step_end = None
         log.info("restored step %d from %s", self._step, self.storage.uri)
@@ -315,7 +318,8 @@ class Checkpointer:
             count_skip(self.stats, self._step, "the previous persists are still running")
             return None
         flat = flatten(self.state, rng=self.config.rng, allow_pickle=self.config.allow_pickle)
-        flat.skeleton[META_KEY] = {"step": self._step}
+        # How this process computes: a resume in another setting warns that it cannot be exact.
+        flat.skeleton[META_KEY] = {"step": self._step, "environment": environment()}
         shards = distributed.prepare_snapshot(
             flat,
             self._global_names,

@@ -7,8 +7,10 @@ typo fails when the ``Checkpointer`` is built, not at the first checkpoint hours
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from checkflow.client.env import coordinator_from_env
 
 WHEN_BUSY = ("wait", "skip")
 """What a due checkpoint does when both host buffer sets are still being persisted."""
@@ -94,3 +96,21 @@ def _check_codec(codec: str | Mapping[str, str]) -> None:
     from checkflow.codec import CodecRules  # the codec registry imports torch
 
     CodecRules(codec)
+
+
+def with_launcher_settings(
+    config: CheckpointConfig, environ: Mapping[str, str] | None = None
+) -> CheckpointConfig:
+    """``config`` with the coordinator a launcher exported, unless it names its own.
+
+    ``checkflow run --coordinator URL --job NAME`` exports ``CHECKFLOW_COORDINATOR``,
+    ``CHECKFLOW_JOB`` and ``CHECKFLOW_TOKEN`` to its workers, so a training script needs no
+    coordinator arguments of its own (as torchrun's workers read ``MASTER_ADDR``). Arguments
+    given to the ``Checkpointer`` win over the environment.
+    """
+    if config.coordinator is not None or config.job is not None:
+        return config
+    env = coordinator_from_env(environ)
+    if env.url is None:
+        return config
+    return replace(config, coordinator=env.url, job=env.job, token=config.token or env.token)

@@ -34,7 +34,7 @@ class ResumeNotExactWarning(UserWarning):
 def environment() -> dict[str, Any]:
     """What decides how this process rounds: JSON-ready, stored with every checkpoint."""
     env: dict[str, Any] = {
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "intra_op_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),

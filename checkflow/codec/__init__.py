@@ -98,5 +98,10 @@ class CodecRules:
         return name
 
     @property
+    def lossless(self) -> bool:
+        """Every tensor is stored bit for bit (no quantizing codec in the rules)."""
+        return all(get_codec(n).lossless for n in set(self.rules.values()))
+
+    @property
     def any_incremental(self) -> bool:
         return any(get_codec(n).incremental for n in set(self.rules.values()))

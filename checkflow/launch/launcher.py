@@ -8,7 +8,7 @@ torchrun's own parts do the work: ``torch.distributed.run``'s options and
 - workers that do not exit within ``--shutdown-timeout`` (default :data:`SHUTDOWN_GRACE`
   instead of torch's 30 s) are SIGKILLed: a frozen process never obeys SIGTERM, and a
   restart waits for it;
-- the coordinator settings are exported to the workers (:mod:`checkflow.launch.env`).
+- the coordinator settings are exported to the workers (:mod:`checkflow.client.env`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import os
 import uuid
 from collections.abc import Mapping
 
-from checkflow.launch import env, rendezvous
-from checkflow.launch.env import CoordinatorSettings
+from checkflow.client import env
+from checkflow.client.env import CoordinatorSettings
+from checkflow.launch import rendezvous
 
 logger = logging.getLogger(__name__)
 

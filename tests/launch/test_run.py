@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from checkflow.launch.env import CoordinatorSettings, coordinator_from_env
+from checkflow.client.env import CoordinatorSettings, coordinator_from_env
 
 JOB = Path(__file__).with_name("_ddp_job.py")
 STEPS = 30

@@ -65,3 +65,32 @@ def test_checkpointer_keyword_options_become_its_config(tmp_path):
 def test_config_and_keyword_options_together_are_refused(tmp_path):
     with pytest.raises(TypeError, match="either as config= or as keyword arguments"):
         Checkpointer(str(tmp_path), small_state(), every=3, config=CheckpointConfig(every=2))
+
+
+def test_a_launcher_s_coordinator_settings_fill_in_what_the_script_did_not_give():
+    from checkflow.config import with_launcher_settings
+
+    env = {
+        "CHECKFLOW_COORDINATOR": "http://127.0.0.1:8470",
+        "CHECKFLOW_JOB": "j",
+        "CHECKFLOW_TOKEN": "t",
+    }
+    cfg = with_launcher_settings(CheckpointConfig(every=5), env)
+    expected = ("http://127.0.0.1:8470", "j", "t", 5)
+    assert (cfg.coordinator, cfg.job, cfg.token, cfg.every) == expected
+
+
+def test_the_script_s_own_coordinator_wins_over_the_launcher_s():
+    from checkflow.config import with_launcher_settings
+
+    env = {"CHECKFLOW_COORDINATOR": "http://a", "CHECKFLOW_JOB": "a"}
+    own = CheckpointConfig(coordinator="http://b", job="b")
+    assert with_launcher_settings(own, env) is own
+    assert with_launcher_settings(CheckpointConfig(), {}) == CheckpointConfig()
+
+
+def test_a_launcher_url_without_a_job_is_refused_with_what_to_set():
+    from checkflow.config import with_launcher_settings
+
+    with pytest.raises(ValueError, match="CHECKFLOW_JOB"):
+        with_launcher_settings(CheckpointConfig(), {"CHECKFLOW_COORDINATOR": "http://a"})

@@ -63,3 +63,60 @@ def test_no_warning_when_nothing_differs():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert warn_if_different(environment(), step=1, uri="x") == []
+
+
+def _train_one_step(model, opt):
+    loss = model(torch.ones(4, 3)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_a_checkpoint_restored_with_another_thread_count_warns_and_one_with_the_same_does_not(
+    tmp_path,
+):
+    from checkflow import Checkpointer
+
+    threads = torch.get_num_threads()
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Checkpointer(str(tmp_path), {"model": model, "optim": opt}, every=1) as ckpt:
+        _train_one_step(model, opt)
+        ckpt.step()
+        ckpt.wait()
+    other = 1 if threads > 1 else 2
+    try:
+        torch.set_num_threads(other)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with Checkpointer(str(tmp_path), {"model": model, "optim": opt}, every=1) as again:
+                assert again.restore() == 1
+        (w,) = [c for c in caught if issubclass(c.category, ResumeNotExactWarning)]
+        assert f"intra_op_threads was {threads}" in str(w.message)
+        assert f"is {other} now" in str(w.message)
+    finally:
+        torch.set_num_threads(threads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumeNotExactWarning)
+        with Checkpointer(str(tmp_path), {"model": model, "optim": opt}, every=1) as same:
+            assert same.restore() == 1
+
+
+def test_a_lossy_codec_does_not_warn_about_exactness_it_never_promised(tmp_path):
+    from checkflow import Checkpointer
+
+    threads = torch.get_num_threads()
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = {"model": model, "optim": opt}
+    with Checkpointer(str(tmp_path), state, every=1, codec="q8") as ckpt:
+        ckpt.step()
+        ckpt.wait()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResumeNotExactWarning)
+            with Checkpointer(str(tmp_path), state, every=1, codec="q8") as again:
+                assert again.restore() == 1
+    finally:
+        torch.set_num_threads(threads)
