@@ -32,6 +32,23 @@ def beat(c: TestClient, name: str, rank: int, gen: int, step: int, **kw: float) 
     return r.json()
 
 
+def retune(c: TestClient) -> None:
+    """Retune now, on the app's event loop: the coordinator's state and its SQLite
+    connection belong to that thread (the detector uses them there at the same time)."""
+    assert c.portal is not None, "retune needs a started app: use the TestClient in `with`"
+    c.portal.call(c.app.state.coordinator.retune)
+
+
+class ManualClock:
+    """A clock the test moves by hand, for the coordinator's ages and durations."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def persist(c: TestClient, name: str, step: int, rank: int, gen: int) -> dict:
     r = c.put(
         f"/v1/jobs/{name}/checkpoints/{step}/ranks/{rank}",
@@ -240,7 +257,7 @@ def _interval_follows_the_slowest_rank(client: TestClient) -> None:
     register_all(client, "j", 2)
     beat(client, "j", 0, 1, 1, iteration_s=0.05, stall_s=0.01, persist_s=0.2)
     beat(client, "j", 1, 1, 1, iteration_s=0.1, stall_s=0.07, persist_s=0.5)
-    client.app.state.coordinator.retune()
+    retune(client)
     expected = choose_interval(Profile(iteration_s=0.1, cost_s=0.07, persist_s=0.5))
     assert expected == 20
     reply = beat(client, "j", 0, 1, 2)
@@ -268,21 +285,29 @@ def _interval_follows_the_slowest_rank(client: TestClient) -> None:
 
 
 def test_observed_failures_bound_the_interval_by_young_daly(client: TestClient) -> None:
-    make_job(client, world=1, max_overhead=0.01)
+    # The MTBF is the job's age over its failures, so the test sets the coordinator's clock:
+    # on the wall clock an age near 0.1 s gave a Young/Daly interval of 10, the warmup
+    # interval itself, hence no change and no event (a flake under load). The clock moves
+    # before the first measurements, so a retune by the detector would decide the same.
+    clock = ManualClock(1_000.0)
+    client.app.state.coordinator.clock = clock
+    make_job(client, world=1, max_overhead=0.01, heartbeat_timeout_s=60)
     register_all(client, "j", 1)
     client.post("/v1/jobs/j/ranks/0/register", json={})  # a crash: one failure observed
+    clock.now += 40.0  # MTBF: 40 s of the job's life / 1 failure
     beat(client, "j", 0, 2, 1, iteration_s=0.01, stall_s=0.05, persist_s=0.0)
-    client.app.state.coordinator.retune()
+    retune(client)
     change = client.get("/v1/jobs/j/events").json()["events"][-1]
-    mtbf = change["detail"]["mtbf_s"]
-    assert mtbf is not None and mtbf > 0
+    assert change["kind"] == "interval_changed"
+    assert change["detail"]["mtbf_s"] == 40.0
     budget_only = choose_interval(
         Profile(iteration_s=0.01, cost_s=0.05, persist_s=0.0), max_overhead=0.01
     )
     bounded = choose_interval(
-        Profile(iteration_s=0.01, cost_s=0.05, persist_s=0.0), max_overhead=0.01, mtbf_s=mtbf
+        Profile(iteration_s=0.01, cost_s=0.05, persist_s=0.0), max_overhead=0.01, mtbf_s=40.0
     )
-    assert change["detail"]["interval"] == bounded < budget_only == 500
+    # sqrt(2 * 0.05 s * 40 s) = 2 s = 200 steps of 0.01 s, under the budget's 500.
+    assert change["detail"]["interval"] == bounded == 200 < budget_only == 500
 
 
 def test_state_survives_a_new_app_on_the_same_database(settings: Settings) -> None:
