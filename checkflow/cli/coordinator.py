@@ -1,6 +1,7 @@
 """The CLI's calls to the coordinator's HTTP API: what ``status`` shows and the roll-back
-of ``restore --coordinator``. Replies are parsed here, and only here; the command modules
-format what these functions return.
+of ``restore --coordinator``. Paths come from ``checkflow.protocol.paths`` and replies are
+parsed into the protocol's models (``model_validate``), here and only here; the command
+modules format what these functions return.
 
 A failure raises :class:`~checkflow.cli.output.CliError`: exit 1 when the coordinator is
 unreachable or refuses, 2 when it rejects the input (HTTP 422).
@@ -10,11 +11,27 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from checkflow.cli.output import EXIT_FAILED, EXIT_USAGE, CliError
+from checkflow.protocol import paths
+from checkflow.protocol.messages import (
+    CheckpointList,
+    CheckpointPublic,
+    EventList,
+    EventPublic,
+    JobList,
+    JobPublic,
+    RankList,
+    RankPublic,
+    RecoverRequest,
+    RestorePoint,
+)
+
+M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 
@@ -23,10 +40,10 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 class JobReport:
     """One job as ``checkflow status URL JOB`` shows it."""
 
-    job: dict[str, Any]
-    ranks: list[dict[str, Any]]
-    checkpoints: list[dict[str, Any]]
-    events: list[dict[str, Any]]
+    job: JobPublic
+    ranks: list[RankPublic]
+    checkpoints: list[CheckpointPublic]
+    events: list[EventPublic]
 
 
 def coordinator_url(url: str | None) -> str:
@@ -39,23 +56,25 @@ def connect(url: str, token: str | None) -> httpx.Client:
     return _http(url, token or os.environ.get("CHECKFLOW_TOKEN"))
 
 
-def jobs(http: httpx.Client) -> list[dict[str, Any]]:
+def jobs(http: httpx.Client) -> list[JobPublic]:
     """Every job the coordinator knows."""
-    result: list[dict[str, Any]] = _get(http, "/v1/jobs")["jobs"]
-    return result
+    return _get(http, paths.path(paths.JOBS), JobList).jobs
 
 
 def job_report(http: httpx.Client, job: str, limit: int) -> JobReport:
     """One job with its ranks and its ``limit`` newest checkpoints and events."""
+    newest = {"limit": limit}
     return JobReport(
-        job=_get(http, f"/v1/jobs/{job}"),
-        ranks=_get(http, f"/v1/jobs/{job}/ranks")["ranks"],
-        checkpoints=_get(http, f"/v1/jobs/{job}/checkpoints?limit={limit}")["checkpoints"],
-        events=_get(http, f"/v1/jobs/{job}/events?limit={limit}")["events"],
+        job=_get(http, paths.path(paths.JOB, job=job), JobPublic),
+        ranks=_get(http, paths.path(paths.RANKS, job=job), RankList).ranks,
+        checkpoints=_get(
+            http, paths.path(paths.CHECKPOINTS, job=job), CheckpointList, newest
+        ).checkpoints,
+        events=_get(http, paths.path(paths.EVENTS, job=job), EventList, newest).events,
     )
 
 
-def recover(http: httpx.Client, job: str, step: int | None) -> dict[str, Any]:
+def recover(http: httpx.Client, job: str, step: int | None) -> RestorePoint:
     """Ask the coordinator to roll live job ``job`` back to committed ``step``.
 
     Running ranks are told to abort on their next heartbeat; the restarted group restores
@@ -64,7 +83,8 @@ def recover(http: httpx.Client, job: str, step: int | None) -> dict[str, Any]:
     Returns:
         The reply: the ``step`` restored (None: nothing committed) and the new ``generation``.
     """
-    return _send(http, "POST", f"/v1/jobs/{job}/recover", {"step": step})
+    body = RecoverRequest(step=step).model_dump()
+    return _parse(_send(http, "POST", paths.path(paths.RECOVER, job=job), body), RestorePoint)
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -73,13 +93,33 @@ def _http(url: str, token: str | None) -> httpx.Client:
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=10.0)
 
 
-def _get(http: httpx.Client, path: str) -> dict[str, Any]:
-    return _send(http, "GET", path, None)
+def _get(
+    http: httpx.Client, path: str, model: type[M], params: dict[str, Any] | None = None
+) -> M:
+    return _parse(_send(http, "GET", path, None, params), model)
 
 
-def _send(http: httpx.Client, method: str, path: str, body: Any) -> dict[str, Any]:
+def _parse(reply: Any, model: type[M]) -> M:
+    """The reply as the protocol's ``model``; a reply of another shape is a clear error."""
     try:
-        r = http.request(method, path, json=body)
+        return model.model_validate(reply)
+    except ValidationError as e:
+        raise CliError(
+            f"the coordinator's reply is not a {model.__name__} ({e.error_count()} problems, "
+            f"first: {e.errors()[0]['msg']}); is it a checkflow coordinator of this version?",
+            EXIT_FAILED,
+        ) from e
+
+
+def _send(
+    http: httpx.Client,
+    method: str,
+    path: str,
+    body: Any,
+    params: dict[str, Any] | None = None,
+) -> Any:
+    try:
+        r = http.request(method, path, json=body, params=params)
     except httpx.TransportError as e:
         raise CliError(
             f"cannot reach the coordinator at {http.base_url}: {e}; is "
@@ -96,5 +136,4 @@ def _send(http: httpx.Client, method: str, path: str, body: Any) -> dict[str, An
         raise CliError(f"{detail}{hint}", EXIT_USAGE if r.status_code == 422 else EXIT_FAILED)
     if r.status_code >= 400:
         raise CliError(f"coordinator answered HTTP {r.status_code}: {r.text[:200]}", EXIT_FAILED)
-    result: dict[str, Any] = r.json()
-    return result
+    return r.json()

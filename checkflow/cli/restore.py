@@ -132,10 +132,10 @@ def _roll_back(args: argparse.Namespace) -> int:
 
     with connect(args.coordinator, args.token) as http:
         reply = recover(http, args.job, args.step)
-    target = reply["step"]
+    target = reply.step
     where = f"step {target}" if target is not None else "the beginning (nothing committed)"
     line(
-        f"job {args.job} rolled back to {where}: generation {reply['generation']}; running "
+        f"job {args.job} rolled back to {where}: generation {reply.generation}; running "
         "ranks abort on their next heartbeat and the restarted group restores from there"
     )
     return EXIT_OK

@@ -5,10 +5,13 @@ ranks, checkpoints and events.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from checkflow.cli.arguments import Command
 from checkflow.cli.output import EXIT_OK, cell, fmt_ago, fmt_time, human_bytes, line, table
+
+if TYPE_CHECKING:
+    from checkflow.protocol.messages import CheckpointPublic, EventPublic, JobPublic, RankPublic
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_jobs(jobs: list[dict[str, Any]]) -> None:
+def _print_jobs(jobs: list[JobPublic]) -> None:
     if not jobs:
         line("no jobs")
         return
@@ -55,14 +58,14 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         ["JOB", "WORLD", "ALIVE", "GEN", "INTERVAL", "NEXT CKPT", "RESTORE", "FAILURES"],
         [
             [
-                j["name"],
-                j["world_size"],
-                j["ranks_alive"],
-                j["generation"],
-                j["interval"],
-                j["next_checkpoint_step"],
-                j["restore_step"],
-                j["failures"],
+                j.name,
+                j.world_size,
+                j.ranks_alive,
+                j.generation,
+                j.interval,
+                j.next_checkpoint_step,
+                j.restore_step,
+                j.failures,
             ]
             for j in jobs
         ],
@@ -70,20 +73,20 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
     )
 
 
-def _print_ranks(ranks: list[dict[str, Any]]) -> None:
+def _print_ranks(ranks: list[RankPublic]) -> None:
     table(
         ["RANK", "STATE", "ALIVE", "GEN", "STEP", "LAST HEARTBEAT", "ITER S", "STALL S", "NODE"],
         [
             [
-                r["rank"],
-                r["state"],
-                "yes" if r["alive"] else "no",
-                r["generation"],
-                r["step"],
-                fmt_ago(r["last_heartbeat"]),
-                r["iteration_s"],
-                r["stall_s"],
-                r["node"],
+                r.rank,
+                r.state,
+                "yes" if r.alive else "no",
+                r.generation,
+                r.step,
+                fmt_ago(r.last_heartbeat),
+                r.iteration_s,
+                r.stall_s,
+                r.node,
             ]
             for r in ranks
         ],
@@ -91,7 +94,7 @@ def _print_ranks(ranks: list[dict[str, Any]]) -> None:
     )
 
 
-def _print_checkpoints(cks: list[dict[str, Any]]) -> None:
+def _print_checkpoints(cks: list[CheckpointPublic]) -> None:
     if not cks:
         line("no checkpoints")
         return
@@ -99,12 +102,12 @@ def _print_checkpoints(cks: list[dict[str, Any]]) -> None:
         ["STEP", "STATUS", "GEN", "RANKS", "SIZE", "COMMITTED"],
         [
             [
-                c["step"],
-                c["status"],
-                c["generation"],
-                f"{c['persisted_ranks']}/{c['world_size']}",
-                human_bytes(c["nbytes"]),
-                fmt_time(c["committed_at"]),
+                c.step,
+                c.status,
+                c.generation,
+                f"{c.persisted_ranks}/{c.world_size}",
+                human_bytes(c.nbytes),
+                fmt_time(c.committed_at),
             ]
             for c in cks
         ],
@@ -112,7 +115,7 @@ def _print_checkpoints(cks: list[dict[str, Any]]) -> None:
     )
 
 
-def _print_events(events: list[dict[str, Any]]) -> None:
+def _print_events(events: list[EventPublic]) -> None:
     if not events:
         line("no events")
         return
@@ -120,11 +123,11 @@ def _print_events(events: list[dict[str, Any]]) -> None:
         ["TIME", "EVENT", "GEN", "RANK", "DETAIL"],
         [
             [
-                fmt_time(e["time"]),
-                e["kind"],
-                e["generation"],
-                e["rank"],
-                ", ".join(f"{k}={cell(v)}" for k, v in e["detail"].items()),
+                fmt_time(e.time),
+                e.kind,
+                e.generation,
+                e.rank,
+                ", ".join(f"{k}={cell(v)}" for k, v in e.detail.items()),
             ]
             for e in events
         ],

@@ -6,8 +6,9 @@ and is silently absent from a built wheel, so this compares the list with the fo
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 
