@@ -27,7 +27,6 @@ from checkflow.codec import _native
 from checkflow.codec.base import (
     Buffer,
     Codec,
-    CodecError,
     Encoded,
     delta_base,
     tensor_bytes,
@@ -37,6 +36,7 @@ from checkflow.codec.blocks import (
     Layout,
     block_layout,
     changed_blocks,
+    decompress_section,
     int_view,
     itemsize_of,
     pack_bitmap,
@@ -158,14 +158,9 @@ class DeltaCodec(Codec):
             return out.reshape(shape)
         itemsize = itemsize_of(dtype)
         expected = sum(len(rows) * r.blen for r, rows, _ in where) * itemsize
-        try:
-            raw = zstandard.ZstdDecompressor().decompress(payload, max_output_size=expected)
-        except zstandard.ZstdError as e:
-            raise CodecError(f"delta payload is corrupt: {e}") from e
-        if len(raw) != expected:
-            raise CodecError(f"delta payload has {len(raw)} bytes, expected {expected}")
+        raw = decompress_section(payload, expected, "the delta payload's bytes")
         kernel = self._kernel()
-        packed = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        packed = torch.from_numpy(raw.copy())  # writable: the shuffle works in place
         if kernel is not None and itemsize > 1:
             xor = kernel.shuffle(packed, itemsize, True)
         else:
