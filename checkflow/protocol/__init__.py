@@ -17,6 +17,7 @@ from checkflow.protocol.messages import (
     ErrorBody,
     EventList,
     EventPublic,
+    FailureReport,
     FinishRequest,
     Health,
     Heartbeat,
@@ -38,7 +39,13 @@ from checkflow.protocol.messages import (
     RestorePoint,
 )
 from checkflow.protocol.schedule import Schedule
-from checkflow.protocol.status import Action, CheckpointSource, CheckpointStatus, RankState
+from checkflow.protocol.status import (
+    Action,
+    CheckpointSource,
+    CheckpointStatus,
+    FaultKind,
+    RankState,
+)
 
 __all__ = [
     "MAX_INT",
@@ -54,6 +61,8 @@ __all__ = [
     "ErrorBody",
     "EventList",
     "EventPublic",
+    "FailureReport",
+    "FaultKind",
     "FinishRequest",
     "Health",
     "Heartbeat",

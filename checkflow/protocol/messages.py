@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from checkflow.protocol.fields import (
     MAX_INT,
+    MAX_SECONDS,
     DetailValue,
     Generation,
     JobName,
@@ -22,7 +23,13 @@ from checkflow.protocol.fields import (
     Step,
 )
 from checkflow.protocol.schedule import Schedule
-from checkflow.protocol.status import Action, CheckpointSource, CheckpointStatus, RankState
+from checkflow.protocol.status import (
+    Action,
+    CheckpointSource,
+    CheckpointStatus,
+    FaultKind,
+    RankState,
+)
 
 
 class Strict(BaseModel):
@@ -44,6 +51,16 @@ class JobCreate(Strict):
     heartbeat_timeout_s: Annotated[
         float, Field(ge=0.1, le=86400, description="A rank silent this long is failed."), NoBool
     ] = 10.0
+    hang_timeout_s: Annotated[
+        float | None,
+        Field(
+            ge=0.1,
+            le=MAX_SECONDS,
+            description="A rank whose step has not advanced this long is hung; "
+            "null: derived from the observed step times.",
+        ),
+        NoBool,
+    ] = None
 
 
 class JobPublic(BaseModel):
@@ -52,6 +69,9 @@ class JobPublic(BaseModel):
     storage_uri: str | None
     max_overhead: float
     heartbeat_timeout_s: float
+    hang_timeout_s: float | None = Field(
+        default=None, description="The job's setting; null: derived from step times."
+    )
     created: float
     generation: int
     interval: int
@@ -111,6 +131,10 @@ class Heartbeat(Strict):
     iteration_s: Seconds | None = Field(default=None, description="Median step time.")
     stall_s: Seconds | None = Field(default=None, description="Training time lost per snapshot.")
     persist_s: Seconds | None = Field(default=None, description="Snapshot-to-commit time.")
+    paused: StrictBool = Field(
+        default=False,
+        description="In a known pause (eval, a blocking save): a still step is no hang.",
+    )
 
 
 class HeartbeatReply(BaseModel):
@@ -145,6 +169,16 @@ class NodeHeartbeatReply(BaseModel):
 class FinishRequest(Strict):
     generation: Generation
     step: Step | None = Field(default=None, description="The last step trained.")
+
+
+class FailureReport(Strict):
+    """A launcher saw one of its workers fail (``POST .../ranks/{rank}/failure``)."""
+
+    generation: Generation = Field(description="The generation the failed process was in.")
+    kind: Literal[FaultKind.CRASH] = FaultKind.CRASH
+    exit_code: int | None = Field(default=None, ge=-255, le=255)
+    detail: str = Field(default="", max_length=1024)
+    seconds_ago: Seconds = Field(default=0.0, description="How long ago the launcher saw it.")
 
 
 class RankPublic(BaseModel):

@@ -55,3 +55,16 @@ class CheckpointSource(StrEnum):
     """Reported through the API by the ranks that wrote it."""
     STORAGE = "storage"
     """Found committed (``MANIFEST.json``) when listing the job's storage."""
+
+
+class FaultKind(StrEnum):
+    """Why the coordinator declared a rank failed (the ``kind`` of a ``rank_failed`` event)."""
+
+    CRASH = "crash"
+    """Its process exited with an error; reported by its launcher (``checkflow run``)."""
+    SILENT = "silent"
+    """Its heartbeats stopped for longer than the job's ``heartbeat_timeout_s``."""
+    HUNG = "hung"
+    """It heartbeats but its step has not advanced for the job's hang timeout."""
+    RE_REGISTERED = "re_registered"
+    """It registered again while alive: it crashed and restarted before anyone noticed."""
