@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path
 from checkflow.protocol import (
     MAX_NODE_NAME,
     MAX_RANK,
+    FailureReport,
     FinishRequest,
     Heartbeat,
     HeartbeatReply,
@@ -56,6 +57,17 @@ async def finish(
     job: str, rank: RankPath, body: FinishRequest, coordinator: CoordinatorDep
 ) -> RankPublic:
     return coordinator.finish(job, rank, body)
+
+
+@router.post(
+    paths.FAILURE,
+    summary="A launcher saw a rank's process fail: declare it failed now (kind crash)",
+)
+async def failure(
+    job: str, rank: RankPath, body: FailureReport, coordinator: CoordinatorDep
+) -> RankPublic:
+    """Idempotent: a rank no longer alive in ``body.generation`` is left as it is (200)."""
+    return coordinator.report_failure(job, rank, body)
 
 
 @router.get(paths.RANKS, summary="Every rank of the job")
