@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
 
+from checkflow.protocol import EventPublic
 from tests.server.test_routes import beat, make_job, register_all
 from tests.support.coordinator import AUTH, TOKEN
 
@@ -113,3 +115,23 @@ def test_the_coordinators_hang_timeout_applies_to_jobs_without_one(tmp_path: Pat
             assert time.monotonic() - start < 3, "the server default did not apply"
             time.sleep(0.05)
         assert 0.4 <= time.monotonic() - start <= 1.5
+
+
+def test_status_shows_each_recovery_with_its_fault_and_times(
+    client: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from checkflow.cli.status import _print_recoveries
+
+    make_job(client, world=2)
+    register_all(client, "j", 2)
+    client.post("/v1/jobs/j/ranks/1/failure", json={"generation": 1, "seconds_ago": 0.25})
+    register_all(client, "j", 2)
+    beat(client, "j", 0, 2, 1)  # trained again
+    client.post("/v1/jobs/j/recover", json={})  # a roll-back: no fault, still recovering
+    _print_recoveries([EventPublic.model_validate(e) for e in events(client)])
+    rows = [row.split() for row in capsys.readouterr().out.splitlines()]
+    assert rows[0][:3] == ["GEN", "FAULT", "RANKS"]
+    gen2, gen3 = rows[1], rows[2]
+    assert gen2[:5] == ["2", "crash", "1", "0.25", "-"]  # restore step: none committed
+    assert float(gen2[5]) >= 0 and float(gen2[6]) == pytest.approx(float(gen2[5]) + 0.25, abs=0.01)
+    assert gen3 == ["3", "-", "-", "-", "-", "recovering", "-"]
