@@ -11,8 +11,9 @@ from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
 
+from checkflow.manifest import MANIFEST, step_dir
 from checkflow.protocol import EventPublic
-from tests.server.test_routes import beat, make_job, register_all
+from tests.server.test_routes import beat, make_job, persist, register_all
 from tests.support.coordinator import AUTH, TOKEN
 
 
@@ -135,3 +136,40 @@ def test_status_shows_each_recovery_with_its_fault_and_times(
     assert gen2[:5] == ["2", "crash", "1", "0.25", "-"]  # restore step: none committed
     assert float(gen2[5]) >= 0 and float(gen2[6]) == pytest.approx(float(gen2[5]) + 0.25, abs=0.01)
     assert gen3 == ["3", "-", "-", "-", "-", "recovering", "-"]
+
+
+def test_a_commit_whose_report_was_lost_is_the_restore_point_of_the_next_generation(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "ckpt"
+    settings = Settings(db=tmp_path / "c.db", token=None, sync_storage=True)
+    with TestClient(create_app(settings)) as c:
+        make_job(c, world=2, storage_uri=str(root))
+        register_all(c, "j", 2)
+        for r in range(2):
+            persist(c, "j", 10, r, 1)
+        # The committer wrote MANIFEST.json and died before reporting it.
+        (root / step_dir(10)).mkdir(parents=True)
+        (root / step_dir(10) / MANIFEST).write_text("{}")
+        c.post("/v1/jobs/j/ranks/1/failure", json={"generation": 1})
+        assert c.get("/v1/jobs/j/checkpoints").json()["checkpoints"][0]["status"] == "abandoned"
+        replies = register_all(c, "j", 2)
+        assert [(r["generation"], r["restore_step"]) for r in replies] == [(2, 10), (2, 10)]
+        [ck] = c.get("/v1/jobs/j/checkpoints").json()["checkpoints"]
+        assert (ck["step"], ck["status"]) == (10, "committed")
+
+
+def test_a_roll_back_is_not_undone_by_a_commit_found_later(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    settings = Settings(db=tmp_path / "c.db", token=None, sync_storage=True)
+    with TestClient(create_app(settings)) as c:
+        make_job(c, world=1, storage_uri=str(root))
+        register_all(c, "j", 1)
+        persist(c, "j", 10, 0, 1)
+        c.post("/v1/jobs/j/checkpoints/10/commit", json={"rank": 0})
+        persist(c, "j", 20, 0, 1)
+        for step in (10, 20):  # step 20's commit landed right after the roll-back
+            (root / step_dir(step)).mkdir(parents=True)
+            (root / step_dir(step) / MANIFEST).write_text("{}")
+        assert c.post("/v1/jobs/j/recover", json={"step": 10}).json()["step"] == 10
+        assert register_all(c, "j", 1)[0]["restore_step"] == 10

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from checkflow_server.api.deps import CoordinatorDep
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 
 from checkflow.protocol import (
     MAX_NODE_NAME,
@@ -33,8 +33,10 @@ NodePath = Annotated[
 
 @router.post(paths.REGISTER, summary="Register a (re)started rank")
 async def register(
-    job: str, rank: RankPath, body: RegisterRequest, coordinator: CoordinatorDep
+    job: str, rank: RankPath, body: RegisterRequest, coordinator: CoordinatorDep, request: Request
 ) -> Registration:
+    # The restore point must include commits whose report never arrived (see storage_sync).
+    await request.app.state.storage_sync.before_registration(job)
     return coordinator.register(job, rank, body)
 
 
