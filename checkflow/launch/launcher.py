@@ -60,6 +60,10 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
         config.shutdown_timeout = SHUTDOWN_GRACE
     # Workers inherit the agent's environment (torch's SubprocessHandler copies os.environ).
     os.environ.update(coordinator.as_env())
+    # torch's c10d handler keeps, per agent, the shared store of the round it first joined:
+    # an agent that was rank 0 never publishes its address again, so a node that replaces a
+    # dead one waits for it until its read timeout. Off, it bootstraps every round afresh.
+    os.environ[rendezvous.TORCH_SHARED_STORE_OFF] = "1"
     rendezvous.register()
     run_agent(config, cmd, list(cmd_args), coordinator)
 

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 PREFIX = "checkflow-"
 BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 """torch's backends that :func:`register` wraps."""
+TORCH_SHARED_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torch's switch (read by its c10d handler in every round); the launcher sets it to 1."""
 BOOTSTRAP_KEYS = "checkflow/bootstrap"
 """Prefix of the keys under which rank 0 publishes the workers' store address."""
 _PER_ROUND_STORE = ("c10d", "etcd", "etcd-v2")

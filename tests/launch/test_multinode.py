@@ -91,7 +91,7 @@ class Cluster:
 
     def finish(self, *nodes: Node) -> None:
         for node in nodes:
-            if node.wait(60) != 0:
+            if node.wait(75) != 0:
                 fail(f"node {node.name} did not finish (exit {node.proc.returncode})", self.nodes)
 
     def close(self) -> None:
