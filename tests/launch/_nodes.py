@@ -155,8 +155,18 @@ def fail(message: str, nodes: list[Node]) -> None:
     pytest.fail(f"{message}\n{tails}")
 
 
+_REFERENCES: dict[int, dict[str, str]] = {}
+
+
 def reference_states(tmp_path: Path, steps: int) -> dict[str, str]:
-    """The ``state`` digests of an uninterrupted 2-rank run of the same job."""
+    """The ``state`` digests of an uninterrupted 2-rank run of the same job (run once per
+    test session and number of steps)."""
+    if steps not in _REFERENCES:
+        _REFERENCES[steps] = _run_reference(tmp_path, steps)
+    return _REFERENCES[steps]
+
+
+def _run_reference(tmp_path: Path, steps: int) -> dict[str, str]:
     folder = tmp_path / "reference"
     folder.mkdir()
     node = start_node(
