@@ -82,42 +82,15 @@ def run_agent(
     Raises:
         ChildFailedError: the workers failed more often than ``config.max_restarts`` allows.
     """
-    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
     from torch.distributed.elastic import metrics
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     from checkflow.launch.agent import CheckflowAgent
     from checkflow.launch.watch import CoordinatorWatch
 
-    config.run_id = config.run_id or str(uuid.uuid4().int)
-    params = RendezvousParameters(
-        backend=config.rdzv_backend,
-        endpoint=config.rdzv_endpoint,
-        run_id=config.run_id,
-        min_nodes=config.min_nodes,
-        max_nodes=config.max_nodes,
-        local_addr=config.local_addr,
-        **config.rdzv_configs,
-    )
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
-    spec = WorkerSpec(
-        role=config.role,
-        local_world_size=config.nproc_per_node,
-        entrypoint=entrypoint,
-        args=tuple(args),
-        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
-        max_restarts=config.max_restarts,
-        monitor_interval=config.monitor_interval,
-        local_addr=config.local_addr,
-        event_log_handler=config.event_log_handler,
-        numa_options=config.numa_options,
-        duplicate_stdout_filters=config.duplicate_stdout_filters,
-        duplicate_stderr_filters=config.duplicate_stderr_filters,
-        virtual_local_rank=config.virtual_local_rank,
-    )
+    spec = worker_spec(config, entrypoint, args)
     watch = CoordinatorWatch(coordinator) if coordinator.url else None
     agent = CheckflowAgent(
         spec=spec,
@@ -144,6 +117,40 @@ def run_agent(
             spec.rdzv_handler.shutdown()
         if watch is not None:
             watch.close()
+
+
+def worker_spec(config: Any, entrypoint: Any, args: list[str]) -> Any:
+    """torch's ``WorkerSpec`` for ``config`` (a ``LaunchConfig``), as ``launch_agent`` builds
+    it, with the rendezvous handler of ``config.rdzv_backend``."""
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    config.run_id = config.run_id or str(uuid.uuid4().int)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    return WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+    )
 
 
 def _script(args: list[str]) -> str:
