@@ -1,8 +1,8 @@
 """Two nodes under ``checkflow run`` (two agents, c10d rendezvous on 127.0.0.1), the real
 coordinator, and a 2-rank gloo DDP job (one rank per node, ``exact`` mode). Each test
 faults node B (the node that does not host the rendezvous store: when the host dies,
-every other agent loses the rendezvous and exits, as under torchrun) and asserts that the job ends with
-parameters and optimizer state bitwise equal to an uninterrupted run's.
+every other agent loses the rendezvous and exits, as under torchrun) and asserts that the
+job ends with parameters and optimizer state bitwise equal to an uninterrupted run's.
 """
 
 from __future__ import annotations
