@@ -80,7 +80,10 @@ def test_sigkilled_rank_restarts_resumes_from_newest_checkpoint_and_finishes(tmp
     first_step_after = min(float(t) for _, k, _, t in lines(out, "step") if k == "1")
     recovery = first_step_after - float(fault[0])
     print(f"fault -> next step: {recovery:.2f} s, resumed at {resumed}")
-    assert 0 < recovery < 30
+    # About 5 s on an idle machine, mostly starting two Python processes with torch; the
+    # bound is loose because other jobs share this machine's CPUs (36 s seen at load 15).
+    # What it rules out is the old failure: restarted ranks hung in init_process_group.
+    assert 0 < recovery < 75
 
     envs = {(r, k): (url, job) for r, k, url, job in lines(out, "env")}
     assert set(envs.values()) == {("http://127.0.0.1:9", "launch-test")}
