@@ -177,6 +177,6 @@ def _run_reference(tmp_path: Path, steps: int) -> dict[str, str]:
         + ["--events", str(folder)],
         env={"CHECKFLOW_COORDINATOR": "", "CHECKFLOW_JOB": ""},
     )
-    if node.wait(90) != 0:
+    if node.wait(150) != 0:
         fail("the uninterrupted reference run failed", [node])
     return {rank: digest for rank, digest in lines(events(folder), "state")}

@@ -85,13 +85,13 @@ class Cluster:
                 len(lines(events(self.tmp_path), "gate")) == 2
                 and max(committed_steps(storage), default=0) >= 10
             ),
-            60,
+            150,
             self.nodes,
         )
 
     def finish(self, *nodes: Node) -> None:
         for node in nodes:
-            if node.wait(75) != 0:
+            if node.wait(150) != 0:
                 fail(f"node {node.name} did not finish (exit {node.proc.returncode})", self.nodes)
 
     def close(self) -> None:

@@ -68,7 +68,7 @@ def test_restore_with_coordinator_rolls_a_running_job_back_and_it_ends_bitwise_e
             lambda: (
                 len(lines(events(tmp_path), "gate")) == 2 and 20 in committed(coordinator.url, job)
             ),
-            90,
+            150,
             [node],
         )
         cmd = [sys.executable, "-m", "checkflow.cli", "restore", "--coordinator"]
@@ -82,11 +82,11 @@ def test_restore_with_coordinator_rolls_a_running_job_back_and_it_ends_bitwise_e
             lambda: (
                 sum(s == str(ROLL_BACK_TO) for _, _, s in lines(events(tmp_path), "start")) == 2
             ),
-            90,
+            150,
             [node],
         )
         gate.touch()
-        if node.wait(90) != 0:
+        if node.wait(150) != 0:
             fail(f"the job did not finish (exit {node.proc.returncode})", [node])
     finally:
         if node.proc.poll() is None or node.workers():

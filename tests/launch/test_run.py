@@ -43,7 +43,7 @@ def run_job(tmp_path: Path, *options: str, env: dict[str, str] | None = None) ->
             start_new_session=True,
         )
         try:
-            rc = proc.wait(timeout=90)
+            rc = proc.wait(timeout=240)  # a guard against hangs; minutes only under heavy load
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
