@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,12 @@ DIM, HIDDEN = 16, 64
 def build(device: Any, mesh_shape: tuple[int, ...] | None) -> tuple[nn.Module, Any]:
     torch.manual_seed(1234)
     model = nn.Sequential(
-        nn.Linear(DIM, HIDDEN), nn.ReLU(), nn.Dropout(0.2), nn.Linear(HIDDEN, HIDDEN),
-        nn.ReLU(), nn.Linear(HIDDEN, 8),
+        nn.Linear(DIM, HIDDEN),
+        nn.ReLU(),
+        nn.Dropout(0.2),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, 8),
     ).to(device)
     if mesh_shape is not None:
         shard(model, mesh_shape)
@@ -68,8 +73,11 @@ def final_state(model: nn.Module, opt: Any) -> dict[str, Any]:
             return {k: cpu(x) for k, x in v.items()}
         return v
 
-    return {"model": cpu(model.state_dict()), "optim": cpu(opt.state_dict()),
-            "xla_rng": int(xm.get_rng_state())}
+    return {
+        "model": cpu(model.state_dict()),
+        "optim": cpu(opt.state_dict()),
+        "xla_rng": int(xm.get_rng_state()),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--codec", default="exact")
     p.add_argument("--mesh", default=None, help="SPMD mesh shape, e.g. 4 or 2,2")
     p.add_argument("--out", default=None)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle after each step")
     args = p.parse_args(argv)
 
     import torch_xla
@@ -106,10 +115,12 @@ def main(argv: list[str] | None = None) -> None:
             future = ckpt.step()
             if future is not None:
                 future.add_done_callback(
-                    lambda f: print(f"committed {f.result()}", flush=True)
-                    if not f.exception() else None
+                    lambda f: (
+                        print(f"committed {f.result()}", flush=True) if not f.exception() else None
+                    )
                 )
             print(f"step {ckpt.current_step}", flush=True)
+            time.sleep(args.step_sleep)  # a run to kill: leave its persists time to commit
         ckpt.wait()
     if args.out:
         torch.save(final_state(model, opt), args.out)
