@@ -54,7 +54,7 @@ def shard(model: nn.Module, mesh_shape: tuple[int, ...]) -> None:
     axes = ("x", "y")[: len(mesh_shape)]
     mesh = xs.Mesh(np.arange(xr.global_runtime_device_count()), mesh_shape, axes)
     for p in model.parameters():
-        spec = ("x", axes[-1]) if p.dim() == 2 else ("x",)
+        spec = ("x", "y" if len(axes) == 2 else None)[: p.dim()]
         xs.mark_sharding(p, mesh, spec)
 
 
