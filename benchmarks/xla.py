@@ -60,6 +60,7 @@ class Run:
         self.restore_s = float("nan")
         self.ckpt: Any = None
         self.mgr: Any = None
+        self.warm_stalls = 0
 
     def open(self) -> None:
         if self.name == "checkflow":
@@ -74,6 +75,15 @@ class Run:
             self.mgr = CheckpointManager(
                 self.root, save_interval=self.k, max_to_keep=2, chkpt_on_preemption=False
             )
+
+    def warm(self) -> None:
+        """One untimed checkpoint, waited for, so buffers and caches exist (as overhead.py)."""
+        if self.ckpt is not None:
+            self.ckpt.save().result()
+            self.warm_stalls = len(self.ckpt.stats.stalls_s)
+        elif self.mgr is not None:
+            self.mgr.save_async(0, self._xla_state(), force=True)
+            self.mgr.join()
 
     def after_step(self, step: int) -> None:
         if self.ckpt is not None:
@@ -90,7 +100,7 @@ class Run:
         if self.ckpt is not None:
             self.ckpt.wait()
             # take() plus the optimizer step's wait, per checkpoint
-            self.stalls = list(self.ckpt.stats.stalls_s)
+            self.stalls = list(self.ckpt.stats.stalls_s)[self.warm_stalls :]
         elif self.mgr is not None:
             self.mgr.join()
 
@@ -124,6 +134,7 @@ def one_run(name: str, args: argparse.Namespace, model: nn.Module, opt: Any) -> 
     root = tempfile.mkdtemp(prefix=f"xla-bench-{name}-", dir=args.dir)
     run = Run(name, args.k, root, model, opt)
     run.open()
+    run.warm()
     device = torch_xla.device()
     x = torch.randn(args.batch, args.hidden).to(device)
     step_times = []
