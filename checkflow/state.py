@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from checkflow import tree
+from checkflow import tree, xla
 from checkflow.objects import TensorRef, UnstorableObjectError, is_storable, is_storable_key
 
 log = logging.getLogger(__name__)
@@ -145,10 +145,12 @@ def load_into(state: Mapping[str, Any], state_dicts: Mapping[str, Any]) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """torch (CPU and every CUDA device), numpy and Python RNG states."""
+    """torch (CPU, every CUDA device, the XLA device's seed), numpy and Python RNG states."""
     out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = torch.cuda.get_rng_state_all()
+    if (seed := xla.rng_state()) is not None:
+        out["xla"] = seed
     try:
         import numpy as np
 
@@ -163,6 +165,8 @@ def set_rng_state(saved: Mapping[str, Any]) -> None:
     random.setstate(_to_tuple(saved["python"]))
     if "cuda" in saved and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(saved["cuda"])
+    if "xla" in saved:
+        xla.set_rng_state(saved["xla"])
     if "numpy" in saved:
         import numpy as np
 

@@ -185,7 +185,8 @@ class PersistWorker:
         new_refs: dict[tuple[str, int], Any] = {}
         chunks: list[mf.ChunkEntry] = []
         for fqn, tensor in snap.tensors.items():
-            shard = (job.shards or {}).get(fqn)
+            # A DTensor's shard (the write plan), or one of an XLA tensor's SPMD shards.
+            shard = (job.shards or {}).get(fqn) or snap.boxes.get(fqn)
             chunks.extend(self._encode_tensor(fqn, tensor, writer, full, new_refs, shard))
         entries = [writer.add_object("skeleton", stored)]
         writer.flush()
@@ -236,6 +237,8 @@ class PersistWorker:
         new_refs: dict[tuple[str, int], Any],
         shard: Any = None,
     ) -> list[mf.ChunkEntry]:
+        key = fqn  # the snapshot's name for this host tensor: the delta reference's key
+        fqn = getattr(shard, "fqn", fqn)  # the stored name (an SPMD shard's is its tensor's)
         name = self.codecs.name_for(fqn, tensor)
         codec = get_codec(name)
         shape = tuple(tensor.shape)
@@ -244,10 +247,10 @@ class PersistWorker:
         entries = []
         for start, stop in chunk_boxes(shape, tensor.element_size(), knobs.chunk_bytes()):
             box = tensor.reshape(1) if not shape else tensor[start:stop]
-            ref = None if full or not codec.incremental else self._refs.get((fqn, start))
+            ref = None if full or not codec.incremental else self._refs.get((key, start))
             encoded, new_ref = codec.encode(box, ref)
             if codec.incremental:
-                new_refs[(fqn, start)] = new_ref
+                new_refs[(key, start)] = new_ref
             file, offset = writer.add(encoded.data)
             entries.append(
                 mf.ChunkEntry(

@@ -11,6 +11,11 @@ the background: on a CPU thread, or on a side CUDA stream ordered by events. Eve
 (module buffers such as BatchNorm statistics, which the next forward pass changes in place)
 is copied before ``take`` returns. The optimizer step pre-hook calls
 ``Snapshot.block_optimizer`` so weights never change under a copy.
+
+XLA tensors (torch_xla) take one graph cut and bulk transfers per snapshot (``_XlaCopy``,
+device calls in ``checkflow.xla``); the optimizer step waits only until the protected ones
+are on the host. An SPMD-sharded tensor becomes one host tensor per addressable shard,
+placed in its global tensor by ``Snapshot.boxes``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 
+from checkflow import xla
 from checkflow.state import FlatState
 
 log = logging.getLogger(__name__)
@@ -135,7 +141,12 @@ class Snapshot:
     started: float = field(default_factory=time.perf_counter)
     copied: float | None = None
     """perf_counter time when every tensor was on the host."""
+    boxes: dict[str, Box] = field(default_factory=dict)
+    """Where a host tensor sits in its global tensor when it is one of several boxes of it
+    (the shards of an SPMD tensor); filled once the transfer is done."""
     _cpu_done: Future[None] | None = None
+    _moved: threading.Event | None = None
+    """Set once the XLA tensors the optimizer step replaces are on the host."""
     _cuda_events: list[tuple[int, Any]] = field(default_factory=list)
     _cuda: CudaCopier | None = None
 
@@ -164,8 +175,25 @@ class Snapshot:
         if self._cpu_done is None or self._cpu_done.done():
             return 0.0
         t0 = time.perf_counter()
-        self._cpu_done.result()
+        if self._moved is not None:
+            # XLA: the device buffers only need to be read before the step replaces them;
+            # copying the moved tensors into the host buffers goes on meanwhile.
+            while not self._moved.wait(0.05) and not self._cpu_done.done():
+                pass
+            if not self._moved.is_set():
+                self._cpu_done.result()  # the transfer failed: raise its error here
+        else:
+            self._cpu_done.result()
         return time.perf_counter() - t0
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """One of several host tensors of a global tensor ``fqn``, at ``offset``."""
+
+    fqn: str
+    global_shape: tuple[int, ...]
+    offset: tuple[int, ...]
 
 
 class CudaCopier:
@@ -214,6 +242,8 @@ class Snapshotter:
         self.buffers = BufferSets(buffer_sets)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkflow-copy")
         self.cuda = CudaCopier() if cuda is None else CudaCopier(cuda)
+        self.xla_devices: set[int] | None = None
+        """The XLA devices whose SPMD shards this process writes (None: all it holds)."""
 
     def take(
         self, step: int, flat: FlatState, protected: set[int], pool: HostBufferPool
@@ -227,11 +257,12 @@ class Snapshotter:
         hosts: dict[str, torch.Tensor] = {}
         background: list[tuple[torch.Tensor, torch.Tensor]] = []
         by_cuda: dict[int, list[tuple[torch.Tensor, torch.Tensor, bool]]] = {}
+        on_xla: dict[str, torch.Tensor] = {}
         for fqn, src in flat.tensors.items():
             src = src.detach()
-            if src.device.type == "xla":
-                # torch_xla: materialize pending graph work, then a synchronous transfer.
-                src = _xla_to_cpu(src)
+            if xla.is_xla(src):
+                on_xla[fqn] = src
+                continue
             dst = pool.buffer_for(fqn, src)
             hosts[fqn] = dst
             is_protected = _data_ptr(src) in protected
@@ -258,6 +289,10 @@ class Snapshotter:
             snap._cuda = self.cuda
         if background:
             snap._cpu_done = self._executor.submit(_copy_all, background)
+        if on_xla:
+            # Queued after the CPU copies on the one copy thread: once its future is done,
+            # theirs is too, so ``_cpu_done`` may stand for both.
+            _XlaCopy(snap, pool, self.xla_devices).start(on_xla, protected, self._executor)
         return snap
 
     def release(self, snap: Snapshot) -> None:
@@ -276,17 +311,56 @@ def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def _data_ptr(t: torch.Tensor) -> int:
+    if xla.is_xla(t):  # no storage: torch_xla's tensor id stands in for one
+        return xla.identity(t)
     try:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (meta, fake)
         return 0
 
 
-def _xla_to_cpu(t: torch.Tensor) -> torch.Tensor:
-    import torch_xla.core.xla_model as xm  # only on TPU hosts
+class _XlaCopy:
+    """The XLA tensors of one snapshot to its host buffers.
 
-    xm.mark_step()
-    return t.cpu()
+    One graph cut, then: tensors that the next forward pass may change (unprotected) are
+    moved before ``take`` returns; the parameters and optimizer state in one bulk transfer
+    on the copy thread, which sets ``snap._moved`` once they are off the device, then
+    copies them into the reused host buffers. torch_xla's transfers return new host
+    tensors (it has no transfer into a given buffer), hence that last copy.
+    """
+
+    def __init__(self, snap: Snapshot, pool: HostBufferPool, devices: set[int] | None) -> None:
+        self.snap, self.pool, self.devices = snap, pool, devices
+
+    def start(
+        self, tensors: dict[str, torch.Tensor], protected: set[int], executor: ThreadPoolExecutor
+    ) -> None:
+        xla.cut()
+        later = {f: t for f, t in tensors.items() if xla.identity(t) in protected}
+        self.move({f: t for f, t in tensors.items() if f not in later}, None)
+        if later:
+            self.snap._moved = threading.Event()
+            self.snap._cpu_done = executor.submit(self.move, later, self.snap._moved)
+
+    def move(self, tensors: dict[str, torch.Tensor], moved: threading.Event | None) -> None:
+        sharded = {f: t for f, t in tensors.items() if xla.is_sharded(t)}
+        whole = [f for f in tensors if f not in sharded]
+        hosts = dict(zip(whole, xla.to_host([tensors[f] for f in whole]), strict=True))
+        shards = xla.local_shards(list(sharded.values()), self.devices)
+        if moved is not None:
+            moved.set()
+        for fqn, src in hosts.items():
+            self._put(fqn, src)
+        for (fqn, t), per_device in zip(sharded.items(), shards, strict=True):
+            for shard in per_device:
+                key = f"{fqn}@{shard.device}"
+                self.snap.boxes[key] = Box(fqn, tuple(t.shape), shard.offset)
+                self._put(key, shard.data)
+
+    def _put(self, key: str, src: torch.Tensor) -> None:
+        dst = self.pool.buffer_for(key, src)
+        dst.copy_(src)
+        self.snap.tensors[key] = dst
 
 
 def protected_pointers(optimizers: list[torch.optim.Optimizer]) -> set[int]:

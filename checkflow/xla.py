@@ -1,0 +1,146 @@
+"""Everything checkflow does with torch_xla tensors, in one module.
+
+torch_xla is optional: nothing here imports it until a tensor on an ``xla`` device (or a
+process that already imported torch_xla, for the RNG) shows it is in use, so checkflow
+runs without it. torch_xla's tensors are lazy: what a training step computes is a pending
+graph until ``torch_xla.sync()`` runs it, and a device buffer that an in-place update
+replaces is donated to the next graph (read after that, it is gone). So a snapshot
+
+- cuts the pending graph once (``cut``), not once per tensor;
+- moves tensors to the host in bulk: one ``_xla_get_cpu_tensors`` call for all whole
+  tensors, one ``_get_local_shards`` call for all SPMD-sharded ones (these are what
+  torch_xla's own checkpointing uses; there is no public bulk transfer in torch_xla 2.9);
+- must finish reading a parameter before the optimizer step that replaces it runs.
+
+An SPMD-sharded tensor (``mark_sharding`` over a mesh) is moved as the shards addressable
+to this process, each at its global offset; a shard replicated over a mesh axis is taken
+from its replica 0 only, so the union over hosts holds every element once.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+XLA_MODEL = "torch_xla.core.xla_model"
+
+
+def is_xla(t: torch.Tensor) -> bool:
+    return t.device.type == "xla"
+
+
+def _xlac() -> Any:
+    import torch_xla  # only where a tensor lives on an XLA device
+
+    return torch_xla._XLAC
+
+
+def identity(t: torch.Tensor) -> int:
+    """A stable id of the XLA tensor behind ``t`` (a parameter, its ``detach()`` and its
+    state_dict entry share it; an in-place update keeps it). XLA tensors have no storage
+    pointer, so this stands in for one where the snapshot protects optimizer tensors."""
+    return -int(_xlac()._xla_get_tensor_id(t))  # negative: never a real storage pointer
+
+
+def cut() -> None:
+    """Run the pending graph, so every tensor is device data (once per snapshot).
+
+    Every ``sync()`` also advances the device's RNG seed, even with nothing pending; the
+    seed is put back, so a run that checkpoints draws the same random numbers as one that
+    does not (and as one resumed from the checkpoint, which saved the seed before the cut).
+    """
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    seed = xm.get_rng_state()
+    torch_xla.sync()
+    xm.set_rng_state(seed)
+
+
+def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Whole tensors on the host, in one bulk transfer (sharded ones are gathered)."""
+    if not tensors:
+        return []
+    return list(_xlac()._xla_get_cpu_tensors(tensors))
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """True for an SPMD tensor split over devices (tiled or partially replicated)."""
+    kind = _xlac()._get_xla_sharding_type(t)
+    return kind is not None and int(kind) != 0  # 0: replicated on every device
+
+
+@dataclass(frozen=True, slots=True)
+class HostShard:
+    """One device's shard of a global tensor, on the host."""
+
+    data: torch.Tensor
+    offset: tuple[int, ...]
+    device: int
+    """The ordinal of the device that held it (``CPU:3`` -> 3)."""
+
+
+def local_shards(
+    tensors: list[torch.Tensor], devices: set[int] | None = None
+) -> list[list[HostShard]]:
+    """For each sharded tensor, its replica-0 shards held by ``devices`` (default: every
+    device of this process), on the host, in one bulk transfer.
+
+    torch_xla pads uneven shards; each shard is cut to its index range here.
+    """
+    if not tensors:
+        return []
+    xlac = _xlac()
+    shards = xlac._get_local_shards(tensors)
+    placement = xlac._get_local_shard_replica_and_indices(tensors)
+    out: list[list[HostShard]] = []
+    for t, per_device, where in zip(tensors, shards, placement, strict=True):
+        mine: list[HostShard] = []
+        for (data, device), (replica, index) in zip(per_device, where, strict=True):
+            ordinal = int(str(device).rsplit(":", 1)[-1])
+            if replica != 0 or (devices is not None and ordinal not in devices):
+                continue
+            offset, sizes = _box_of(index, tuple(t.shape))
+            mine.append(HostShard(_unpad(data, sizes), offset, ordinal))
+        out.append(mine)
+    return out
+
+
+def _box_of(index: Any, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offset, shape) of the box that a list of slices (or ``...``: all) selects."""
+    if index is Ellipsis or not shape:
+        return (0,) * len(shape), shape
+    starts, sizes = [], []
+    for s, n in zip(index, shape, strict=True):
+        start, stop, _ = s.indices(n)
+        starts.append(start)
+        sizes.append(max(stop - start, 0))
+    return tuple(starts), tuple(sizes)
+
+
+def _unpad(data: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+    if tuple(data.shape) == sizes:
+        return data
+    for dim, n in enumerate(sizes):
+        data = data.narrow(dim, 0, n)
+    return data
+
+
+def rng_state() -> int | None:
+    """The default XLA device's RNG seed when torch_xla is in use, else None.
+
+    torch_xla exposes one integer seed per device (``xm.get_rng_state``); it is all there
+    is to save: the generator state is derived from it and the graph's op counter."""
+    xm = sys.modules.get(XLA_MODEL)
+    if xm is None:
+        return None
+    return int(xm.get_rng_state())
+
+
+def set_rng_state(seed: int) -> None:
+    import torch_xla.core.xla_model as xm
+
+    xm.set_rng_state(int(seed))
