@@ -15,6 +15,7 @@ the main thread (a hang: its threads stay alive) while the other rank waits in t
 (STEP is ignored), after the model is loaded and before the optimizer is. Each fault logs
 ``inject <rank> <round> <kind> <step> <time>`` first. ``--gate STEP:PATH`` (repeatable)
 holds every rank after step STEP until PATH exists, logging ``gate <rank> <round> <step>``.
+``--pg-timeout`` (30 s) bounds every collective and store wait of the process group.
 The last line, ``state <rank> <digest>``, hashes the parameters and the optimizer state.
 """
 
@@ -112,8 +113,9 @@ def main() -> None:
     p.add_argument("--fault", type=fault_spec, action="append", default=[])
     p.add_argument("--gate", type=gate_spec, action="append", default=[])
     p.add_argument("--hang-timeout", type=float, help="Checkpointer(hang_timeout=)")
+    p.add_argument("--pg-timeout", type=float, default=30, help="of collectives and the store")
     args = p.parse_args()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
     log = open(os.path.join(args.events, f"rank-{rank}.log"), "a", buffering=1)  # noqa: SIM115
 

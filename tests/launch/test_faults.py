@@ -52,7 +52,7 @@ HEARTBEAT_TIMEOUT_S = 3.0
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Digest of the final parameters and optimizer state of the job run without a fault."""
     folder = tmp_path_factory.mktemp("reference")
-    no_fault = ("--kill-at", str(STEPS + 1))
+    no_fault = ("--kill-at", str(STEPS + 1))  # _ddp_job's own fault for test_run.py
     job = launch(folder, "--dir", str(folder / "ckpt"), "--steps", str(STEPS), *no_fault)
     events = job.finish(RUN_TIMEOUT_S)
     assert events.rounds == [0], "the reference run is uninterrupted"
@@ -84,7 +84,8 @@ def start(
     launcher = ("--max-restarts=3", "--coordinator", coordinator.url, "--job", job)
     launcher += ("--token", TOKEN)
     where = storage or str(folder / "ckpt")
-    args = ("--dir", where, "--steps", str(STEPS), *job_args)
+    # --kill-at is _ddp_job's own fault for test_run.py; here only the given ones happen.
+    args = ("--dir", where, "--steps", str(STEPS), "--kill-at", str(STEPS + 1), *job_args)
     return launch(folder, *args, launcher_args=launcher, env=env)
 
 
@@ -145,9 +146,8 @@ def test_frozen_rank_is_declared_silent_the_other_aborts_and_the_launcher_sigkil
     report(injected_recoveries(events))
     failures = failure_events(coordinator, "freeze")
     assert failures and failures[0][0] == 1, f"rank 1 is the one found silent: {failures}"
-    launcher = job.output.read_text()
-    assert "exitcode: 75" in launcher, "rank 0 aborted when the coordinator said so"
-    assert "forcefully exiting via SIGKILL" in launcher, "the frozen rank ignored SIGTERM"
+    # A stopped process obeys SIGKILL only: round 1 started, so the launcher sent it.
+    assert "rank 0 aborting (exit code 75)" in job.output.read_text(), "told by the coordinator"
 
 
 def test_coordinator_sigkilled_mid_run_training_goes_on_and_it_comes_back_with_its_state(
@@ -166,7 +166,8 @@ def test_coordinator_sigkilled_mid_run_training_goes_on_and_it_comes_back_with_i
     down.touch()
     events = job.wait_for(lambda e: {(0, 0, 27), (1, 0, 27)} <= e.gates, 60, "step 27")
     storage = Storage(str(tmp_path / "ckpt"))
-    assert {15, 20, 25} <= set(committed_steps(storage)), "checkpoints commit without it"
+    # Persists run in the background: 25 may still be on its way.
+    wait_until(lambda: {15, 20, 25} <= set(committed_steps(storage)), 30, "commits without it")
     report([recovery(events, "coordinator SIGKILLed", killed, 0)])
 
     coordinator.start()  # on the same port and database
@@ -198,11 +199,18 @@ def test_s3_down_for_30s_during_a_persist_never_shows_a_half_written_step_and_tr
         30, when=lambda method, path: method == "PUT" and "/step-000000015/" in path
     )
     direct = Storage(faulty_s3.uri, storage_options=s3_options(s3_endpoint))
+    # Collectives wait longer than the outage: a rank waiting for a host buffer set (both
+    # are stuck persisting) holds the other in the next collective, and a 30 s timeout
+    # there would crash the job instead of letting it wait.
+    patient = ("--pg-timeout", "120")
     with CommitWatcher(direct) as watcher:
-        job = start(tmp_path, coordinator, "s3-outage", storage=faulty_s3.uri, env=faulty_s3.env)
+        job = start(
+            tmp_path, coordinator, "s3-outage", *patient, storage=faulty_s3.uri, env=faulty_s3.env
+        )
         events = job.finish(RUN_TIMEOUT_S)
 
     assert outage.started.is_set() and outage.end is not None
+    assert events.rounds == [0], "S3 down is no reason to restart"
     assert_exact(events, reference)
     assert watcher.problems == [], "a reader saw a step committed but not whole"
     assert watcher.first_seen, "the watcher saw the commits"
@@ -211,6 +219,7 @@ def test_s3_down_for_30s_during_a_persist_never_shows_a_half_written_step_and_tr
     print(f"step 15 committed: {when}")
     assert late is None or late >= outage.end - 1, "step 15 cannot commit while S3 is down"
     report([recovery(events, "S3 down for 30 s", outage.start, events.round_at(outage.start))])
+    print(f"training held for at most {events.longest_pause(outage.start):.1f} s by the outage")
     assert STEPS in committed_steps(direct), "the last checkpoint commits once S3 is back"
 
 

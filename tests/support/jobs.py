@@ -92,6 +92,14 @@ class Events:
         before = [s for s in self.steps if s.time <= when]
         return max(before, key=lambda s: s.time).round if before else 0
 
+    def longest_pause(self, after: float) -> float:
+        """The longest time a rank spent between two steps of one round, after ``after``."""
+        gaps = [0.0]
+        for rank, round_ in self.starts:
+            times = sorted(s.time for s in self.steps if (s.rank, s.round) == (rank, round_))
+            gaps += [b - a for a, b in zip(times, times[1:], strict=False) if b > after]
+        return max(gaps)
+
     def last_step(self, round_: int) -> int:
         """The newest step any rank trained in ``round_`` (0: none)."""
         return max((s.step for s in self.steps if s.round == round_), default=0)
@@ -106,13 +114,14 @@ class Recovery:
     """From the fault to the first step trained after it."""
     redone: int
     """Steps trained before the fault and trained again after it."""
-    restored: int
-    """The step the job resumed from (the fault's own round's step when nothing restarted)."""
+    restored: int | None
+    """The step the job restarted from; None: it trained on without a restart."""
 
     def line(self) -> str:
+        how = "no restart" if self.restored is None else f"resumed at {self.restored}"
         return (
             f"{self.what}: fault -> next trained step {self.seconds:.2f} s, "
-            f"{self.redone} steps redone (resumed at {self.restored})"
+            f"{self.redone} steps redone ({how})"
         )
 
 
@@ -126,7 +135,7 @@ def recovery(events: Events, what: str, at: float, round_: int) -> Recovery:
     assert after, f"{what}: no step was trained after the fault"
     first = min(after, key=lambda s: s.time)
     if first.round == round_:
-        return Recovery(what, first.time - at, 0, events.last_step(round_))
+        return Recovery(what, first.time - at, 0, None)
     restored = events.starts[(first.rank, first.round)]
     redone = max(0, events.last_step(round_) - restored)
     return Recovery(what, first.time - at, redone, restored)
