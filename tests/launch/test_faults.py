@@ -42,8 +42,9 @@ STEPS = 30
 RUN_TIMEOUT_S = 180
 """A job with its restarts, on a busy 2-core machine; an idle one takes ~20 s."""
 RECOVERY_BOUND_S = 60
-"""Loose: fault to the next trained step (issue 10's targets are measured by the benchmark)."""
-HEARTBEAT_TIMEOUT_S = 3.0
+"""Loose: fault to the next trained step, per fault on the way (issue 10's targets are
+measured by benchmarks/recovery.py)."""
+HEARTBEAT_TIMEOUT_S = 4.0
 """Silence after which the coordinator declares a rank failed (ranks beat every second)."""
 
 
@@ -105,7 +106,7 @@ def report(recoveries: list[Recovery]) -> list[Recovery]:
     for r in recoveries:
         print(r.line())
     for r in recoveries:
-        assert 0 < r.seconds < RECOVERY_BOUND_S, r.line()
+        assert 0 < r.seconds < RECOVERY_BOUND_S * r.faults, r.line()
         assert 0 <= r.redone <= INTERVAL, r.line()
     return recoveries
 
@@ -236,6 +237,7 @@ def test_rank_sigkilled_while_it_restores_after_a_first_fault_is_restarted_again
     assert_exact(events, reference)
     first, second = report(injected_recoveries(events))
     assert first.restored == second.restored == 10
+    assert first.faults == 2, "round 1 never trained: the second fault came during restore"
 
 
 def test_three_faults_in_a_row_kill_freeze_kill_each_recovered(

@@ -116,12 +116,16 @@ class Recovery:
     """Steps trained before the fault and trained again after it."""
     restored: int | None
     """The step the job restarted from; None: it trained on without a restart."""
+    faults: int = 1
+    """Faults from this one to the next trained step, this one included: a fault during
+    the recovery from another extends that recovery."""
 
     def line(self) -> str:
         how = "no restart" if self.restored is None else f"resumed at {self.restored}"
+        more = f", {self.faults - 1} more fault(s) on the way" if self.faults > 1 else ""
         return (
             f"{self.what}: fault -> next trained step {self.seconds:.2f} s, "
-            f"{self.redone} steps redone ({how})"
+            f"{self.redone} steps redone ({how}{more})"
         )
 
 
@@ -134,11 +138,12 @@ def recovery(events: Events, what: str, at: float, round_: int) -> Recovery:
     after = [s for s in events.steps if s.time > at]
     assert after, f"{what}: no step was trained after the fault"
     first = min(after, key=lambda s: s.time)
+    faults = 1 + sum(1 for f in events.injected if at < f.time < first.time)
     if first.round == round_:
-        return Recovery(what, first.time - at, 0, None)
+        return Recovery(what, first.time - at, 0, None, faults)
     restored = events.starts[(first.rank, first.round)]
     redone = max(0, events.last_step(round_) - restored)
-    return Recovery(what, first.time - at, redone, restored)
+    return Recovery(what, first.time - at, redone, restored, faults)
 
 
 def injected_recoveries(events: Events) -> list[Recovery]:
