@@ -58,9 +58,10 @@ def wait_for_commit(ckpt: Checkpointer, step: int) -> None:
     another rank may still be persisting), so that a fault now must resume from it."""
     ckpt.wait()
     deadline = time.monotonic() + 20
-    while max(committed_steps(ckpt.storage), default=0) < step:
-        assert time.monotonic() < deadline, f"step {step} never committed"
-        time.sleep(0.05)
+    with ckpt.paused():  # a known wait, not a hang
+        while max(committed_steps(ckpt.storage), default=0) < step:
+            assert time.monotonic() < deadline, f"step {step} never committed"
+            time.sleep(0.05)
 
 
 def inject(kind: str, log: Callable[[str], None], rank: int, round_: int, step: int) -> None:

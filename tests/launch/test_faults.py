@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from checkflow.catalog import committed_steps, scan
-from checkflow.protocol import CheckpointStatus, JobCreate
+from checkflow.protocol import CheckpointStatus, FaultKind, JobCreate
 from checkflow.restore import CheckpointReader
 from checkflow.storage import Storage
 from tests.support.coordinator import TOKEN, ServerProcess
@@ -46,6 +46,8 @@ RECOVERY_BOUND_S = 60
 measured by benchmarks/recovery.py)."""
 HEARTBEAT_TIMEOUT_S = 4.0
 """Silence after which the coordinator declares a rank failed (ranks beat every second)."""
+HANG_TIMEOUT_S = 4.0
+"""``Checkpointer(hang_timeout=)``: a step standing still this long is a hang."""
 
 
 # --- fixtures -------------------------------------------------------------------------------
@@ -111,13 +113,10 @@ def report(recoveries: list[Recovery]) -> list[Recovery]:
     return recoveries
 
 
-def failure_events(coordinator: ServerProcess, job: str) -> list[tuple[int | None, str]]:
-    """(rank, reason) of every failure the coordinator declared for ``job``."""
-    return [
-        (e.rank, str(e.detail.get("reason")))
-        for e in coordinator.events(job)
-        if e.kind == "rank_failed"
-    ]
+def failures(coordinator: ServerProcess, job: str) -> list[tuple[int | None, str]]:
+    """(rank, fault kind) of every failure the coordinator declared for ``job``, in order."""
+    events = coordinator.events(job)
+    return [(e.rank, str(e.detail["kind"])) for e in events if e.kind == "rank_failed"]
 
 
 # --- one fault per run ----------------------------------------------------------------------
@@ -145,10 +144,24 @@ def test_frozen_rank_is_declared_silent_the_other_aborts_and_the_launcher_sigkil
     assert events.starts[(0, 1)] == events.starts[(1, 1)] == 10
     assert_exact(events, reference)
     report(injected_recoveries(events))
-    failures = failure_events(coordinator, "freeze")
-    assert failures and failures[0][0] == 1, f"rank 1 is the one found silent: {failures}"
+    assert failures(coordinator, "freeze")[0] == (1, FaultKind.SILENT)
     # A stopped process obeys SIGKILL only: round 1 started, so the launcher sent it.
     assert "rank 0 aborting (exit code 75)" in job.output.read_text(), "told by the coordinator"
+
+
+def test_rank_stuck_in_python_while_the_other_waits_in_a_collective_is_found_hung(
+    tmp_path: Path, coordinator: ServerProcess, reference: str
+) -> None:
+    hang = ("--hang-timeout", str(HANG_TIMEOUT_S))
+    job = start(tmp_path, coordinator, "hang", *hang, "--fault", "0:1:13:spin")
+    events = job.finish(RUN_TIMEOUT_S)
+
+    assert events.starts[(0, 1)] == events.starts[(1, 1)] == 10
+    assert_exact(events, reference)
+    report(injected_recoveries(events))
+    found = failures(coordinator, "hang")
+    assert (1, FaultKind.HUNG) in found, found
+    assert "rank 1 aborting (exit code 75)" in job.output.read_text(), "its heartbeat thread"
 
 
 def test_coordinator_sigkilled_mid_run_training_goes_on_and_it_comes_back_with_its_state(
@@ -202,8 +215,9 @@ def test_s3_down_for_30s_during_a_persist_never_shows_a_half_written_step_and_tr
     direct = Storage(faulty_s3.uri, storage_options=s3_options(s3_endpoint))
     # Collectives wait longer than the outage: a rank waiting for a host buffer set (both
     # are stuck persisting) holds the other in the next collective, and a 30 s timeout
-    # there would crash the job instead of letting it wait.
-    patient = ("--pg-timeout", "120")
+    # there would crash the job instead of letting it wait. That wait is a known pause:
+    # the short hang timeout must not take it for a hang.
+    patient = ("--pg-timeout", "120", "--hang-timeout", str(HANG_TIMEOUT_S))
     with CommitWatcher(direct) as watcher:
         job = start(
             tmp_path, coordinator, "s3-outage", *patient, storage=faulty_s3.uri, env=faulty_s3.env
