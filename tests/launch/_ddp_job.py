@@ -16,6 +16,8 @@ the main thread (a hang: its threads stay alive) while the other rank waits in t
 ``inject <rank> <round> <kind> <step> <time>`` first. ``--gate STEP:PATH`` (repeatable)
 holds every rank after step STEP until PATH exists, logging ``gate <rank> <round> <step>``.
 ``--pg-timeout`` (30 s) bounds every collective and store wait of the process group.
+``phase <rank> <round> <name> <time>`` lines say when the process was ``spawned``, had
+``imported`` torch and checkflow, ``joined`` the process group, and ``restored``.
 The last line, ``state <rank> <digest>``, hashes the parameters and the optimizer state.
 """
 
@@ -105,7 +107,17 @@ def state_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
     return digest.hexdigest()
 
 
+def process_start_time() -> float:
+    """``time.time()`` when this process started (Linux: from ``/proc``)."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
+    imported = time.time()
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
     p.add_argument("--steps", type=int, default=30)
@@ -117,6 +129,7 @@ def main() -> None:
     p.add_argument("--pg-timeout", type=float, default=30, help="of collectives and the store")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+    joined = time.time()
     rank = dist.get_rank()
     log = open(os.path.join(args.events, f"rank-{rank}.log"), "a", buffering=1)  # noqa: SIM115
 
@@ -140,6 +153,9 @@ def main() -> None:
     with Checkpointer(args.dir, state, every=5, keep=0, **options) as ckpt:
         start = ckpt.restore()
         print(f"start {rank} {restart} {start}", flush=True)
+        phases = {"spawned": process_start_time(), "imported": imported, "joined": joined}
+        for name, at in {**phases, "restored": time.time()}.items():
+            print(f"phase {rank} {restart} {name} {at:.3f}", flush=True)
         for step in range(start, args.steps):
             data = torch.Generator().manual_seed(step * 2 + rank)
             x = torch.randn(8, 16, generator=data)

@@ -56,6 +56,8 @@ class Events:
     """(rank, round, step) of every rank held at a gate."""
     states: dict[int, str] = field(default_factory=dict)
     """rank -> digest of its final parameters and optimizer state."""
+    phases: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)
+    """(rank, round) -> {phase: time}: ``spawned``, ``imported``, ``joined``, ``restored``."""
 
     @classmethod
     def read(cls, folder: Path) -> Events:
@@ -81,6 +83,9 @@ class Events:
             self.gates.add((int(values[0]), int(values[1]), int(values[2])))
         elif kind == "state" and len(values) == 2:
             self.states[int(values[0])] = values[1]
+        elif kind == "phase" and len(values) == 4:
+            key = (int(values[0]), int(values[1]))
+            self.phases.setdefault(key, {})[values[2]] = float(values[3])
 
     @property
     def rounds(self) -> list[int]:
@@ -119,13 +124,18 @@ class Recovery:
     faults: int = 1
     """Faults from this one to the next trained step, this one included: a fault during
     the recovery from another extends that recovery."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """Where the seconds went, for a restart: until the new workers were spawned (detection
+    and stopping the old ones), importing, joining the process group, restoring, and the
+    first step."""
 
     def line(self) -> str:
         how = "no restart" if self.restored is None else f"resumed at {self.restored}"
         more = f", {self.faults - 1} more fault(s) on the way" if self.faults > 1 else ""
+        parts = ", ".join(f"{name} {s:.1f}" for name, s in self.parts.items())
         return (
             f"{self.what}: fault -> next trained step {self.seconds:.2f} s, "
-            f"{self.redone} steps redone ({how}{more})"
+            f"{self.redone} steps redone ({how}{more})" + (f" [{parts}]" if parts else "")
         )
 
 
@@ -143,7 +153,24 @@ def recovery(events: Events, what: str, at: float, round_: int) -> Recovery:
         return Recovery(what, first.time - at, 0, None, faults)
     restored = events.starts[(first.rank, first.round)]
     redone = max(0, events.last_step(round_) - restored)
-    return Recovery(what, first.time - at, redone, restored, faults)
+    parts = _restart_parts(events, at, first)
+    return Recovery(what, first.time - at, redone, restored, faults, parts)
+
+
+def _restart_parts(events: Events, at: float, first: Step) -> dict[str, float]:
+    """The seconds of each phase of the round that trained ``first``, its slowest rank's."""
+    ranks = [p for (_, k), p in events.phases.items() if k == first.round]
+    if not ranks or any(len(p) < 4 for p in ranks):
+        return {}
+    ends = {name: max(p[name] for p in ranks) for name in ("imported", "joined", "restored")}
+    spawned = min(p["spawned"] for p in ranks)
+    return {
+        "to spawn": spawned - at,
+        "import": ends["imported"] - spawned,
+        "join": ends["joined"] - ends["imported"],
+        "restore": ends["restored"] - ends["joined"],
+        "first step": first.time - ends["restored"],
+    }
 
 
 def injected_recoveries(events: Events) -> list[Recovery]:
