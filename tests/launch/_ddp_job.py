@@ -59,7 +59,7 @@ def wait_for_commit(ckpt: Checkpointer, step: int) -> None:
     """Until checkpoint ``step`` committed on every rank (this rank's part is not enough:
     another rank may still be persisting), so that a fault now must resume from it."""
     ckpt.wait()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     with ckpt.paused():  # a known wait, not a hang
         while max(committed_steps(ckpt.storage), default=0) < step:
             assert time.monotonic() < deadline, f"step {step} never committed"
