@@ -17,7 +17,8 @@ the main thread (a hang: its threads stay alive) while the other rank waits in t
 holds every rank after step STEP until PATH exists, logging ``gate <rank> <round> <step>``.
 ``--pg-timeout`` (30 s) bounds every collective and store wait of the process group.
 ``phase <rank> <round> <name> <time>`` lines say when the process was ``spawned``, had
-``imported`` torch and checkflow, ``joined`` the process group, and ``restored``.
+``imported`` torch and checkflow, ``joined`` the process group, ``built`` the DDP model
+(its constructor imports ``torch._dynamo``: as long as importing torch), and ``restored``.
 The last line, ``state <rank> <digest>``, hashes the parameters and the optimizer state.
 """
 
@@ -142,6 +143,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    built = time.time()
     mine = [(at, kind) for r, k, at, kind in args.fault if (r, k) == (restart, rank)]
     gates = dict(args.gate)
     restore_kill = any(kind == "restore-kill" for _, kind in mine)
@@ -154,6 +156,7 @@ def main() -> None:
         start = ckpt.restore()
         print(f"start {rank} {restart} {start}", flush=True)
         phases = {"spawned": process_start_time(), "imported": imported, "joined": joined}
+        phases["built"] = built
         for name, at in {**phases, "restored": time.time()}.items():
             print(f"phase {rank} {restart} {name} {at:.3f}", flush=True)
         for step in range(start, args.steps):

@@ -126,8 +126,8 @@ class Recovery:
     the recovery from another extends that recovery."""
     parts: dict[str, float] = field(default_factory=dict)
     """Where the seconds went, for a restart: until the new workers were spawned (detection
-    and stopping the old ones), importing, joining the process group, restoring, and the
-    first step."""
+    and stopping the old ones), importing, joining the process group, building the DDP
+    model, restoring, and the first step."""
 
     def line(self) -> str:
         how = "no restart" if self.restored is None else f"resumed at {self.restored}"
@@ -160,15 +160,17 @@ def recovery(events: Events, what: str, at: float, round_: int) -> Recovery:
 def _restart_parts(events: Events, at: float, first: Step) -> dict[str, float]:
     """The seconds of each phase of the round that trained ``first``, its slowest rank's."""
     ranks = [p for (_, k), p in events.phases.items() if k == first.round]
-    if not ranks or any(len(p) < 4 for p in ranks):
+    names = ("imported", "joined", "built", "restored")
+    if not ranks or any(not set(names) <= set(p) for p in ranks):
         return {}
-    ends = {name: max(p[name] for p in ranks) for name in ("imported", "joined", "restored")}
+    ends = {name: max(p[name] for p in ranks) for name in names}
     spawned = min(p["spawned"] for p in ranks)
     return {
         "to spawn": spawned - at,
         "import": ends["imported"] - spawned,
         "join": ends["joined"] - ends["imported"],
-        "restore": ends["restored"] - ends["joined"],
+        "DDP": ends["built"] - ends["joined"],
+        "restore": ends["restored"] - ends["built"],
         "first step": first.time - ends["restored"],
     }
 
