@@ -109,12 +109,13 @@ def state_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
 
 
 def process_start_time() -> float:
-    """``time.time()`` when this process started (Linux: from ``/proc``)."""
+    """``time.time()`` when this process started (Linux: from ``/proc``, to 10 ms; the boot
+    time in ``/proc/stat`` is whole seconds, so it is taken from ``/proc/uptime`` instead)."""
     with open("/proc/self/stat") as f:
         ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/stat") as f:
-        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
