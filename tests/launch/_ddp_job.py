@@ -16,6 +16,9 @@ the main thread (a hang: its threads stay alive) while the other rank waits in t
 ``inject <rank> <round> <kind> <step> <time>`` first. ``--gate STEP:PATH`` (repeatable)
 holds every rank after step STEP until PATH exists, logging ``gate <rank> <round> <step>``.
 ``--pg-timeout`` (30 s) bounds every collective and store wait of the process group.
+``phase <rank> <round> <name> <time>`` lines say when the process was ``spawned``, had
+``imported`` torch and checkflow, ``joined`` the process group, ``built`` the DDP model
+(its constructor imports ``torch._dynamo``: as long as importing torch), and ``restored``.
 The last line, ``state <rank> <digest>``, hashes the parameters and the optimizer state.
 """
 
@@ -57,7 +60,7 @@ def wait_for_commit(ckpt: Checkpointer, step: int) -> None:
     """Until checkpoint ``step`` committed on every rank (this rank's part is not enough:
     another rank may still be persisting), so that a fault now must resume from it."""
     ckpt.wait()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     with ckpt.paused():  # a known wait, not a hang
         while max(committed_steps(ckpt.storage), default=0) < step:
             assert time.monotonic() < deadline, f"step {step} never committed"
@@ -105,7 +108,18 @@ def state_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
     return digest.hexdigest()
 
 
+def process_start_time() -> float:
+    """``time.time()`` when this process started (Linux: from ``/proc``, to 10 ms; the boot
+    time in ``/proc/stat`` is whole seconds, so it is taken from ``/proc/uptime`` instead)."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
+    imported = time.time()
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
     p.add_argument("--steps", type=int, default=30)
@@ -117,6 +131,7 @@ def main() -> None:
     p.add_argument("--pg-timeout", type=float, default=30, help="of collectives and the store")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+    joined = time.time()
     rank = dist.get_rank()
     log = open(os.path.join(args.events, f"rank-{rank}.log"), "a", buffering=1)  # noqa: SIM115
 
@@ -129,6 +144,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    built = time.time()
     mine = [(at, kind) for r, k, at, kind in args.fault if (r, k) == (restart, rank)]
     gates = dict(args.gate)
     restore_kill = any(kind == "restore-kill" for _, kind in mine)
@@ -140,6 +156,10 @@ def main() -> None:
     with Checkpointer(args.dir, state, every=5, keep=0, **options) as ckpt:
         start = ckpt.restore()
         print(f"start {rank} {restart} {start}", flush=True)
+        phases = {"spawned": process_start_time(), "imported": imported, "joined": joined}
+        phases["built"] = built
+        for name, at in {**phases, "restored": time.time()}.items():
+            print(f"phase {rank} {restart} {name} {at:.3f}", flush=True)
         for step in range(start, args.steps):
             data = torch.Generator().manual_seed(step * 2 + rank)
             x = torch.randn(8, 16, generator=data)

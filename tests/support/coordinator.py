@@ -16,6 +16,17 @@ import uvicorn
 from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
 
+from checkflow.protocol import (
+    CheckpointList,
+    CheckpointPublic,
+    EventList,
+    EventPublic,
+    JobCreate,
+    JobPublic,
+    RankList,
+    RankPublic,
+    paths,
+)
 from tests.support.net import free_port, wait_until
 
 TOKEN = "test-token"
@@ -78,6 +89,33 @@ class ServerProcess:
     def http(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=5)
+
+    # What a test reads and sets through the API, parsed with the protocol's models.
+    def create_job(self, body: JobCreate) -> JobPublic:
+        """Create a job ahead of its ranks, with settings they do not send (timeouts)."""
+        with self.http() as c:
+            r = c.post(paths.path(paths.JOBS), json=body.model_dump(mode="json"))
+        r.raise_for_status()
+        return JobPublic.model_validate(r.json())
+
+    def job(self, name: str) -> JobPublic:
+        return JobPublic.model_validate(self._get(paths.path(paths.JOB, job=name)))
+
+    def checkpoints(self, name: str) -> list[CheckpointPublic]:
+        reply = self._get(paths.path(paths.CHECKPOINTS, job=name))
+        return CheckpointList.model_validate(reply).checkpoints
+
+    def ranks(self, name: str) -> list[RankPublic]:
+        return RankList.model_validate(self._get(paths.path(paths.RANKS, job=name))).ranks
+
+    def events(self, name: str) -> list[EventPublic]:
+        return EventList.model_validate(self._get(paths.path(paths.EVENTS, job=name))).events
+
+    def _get(self, path: str) -> object:
+        with self.http() as c:
+            r = c.get(path)
+        r.raise_for_status()
+        return r.json()
 
 
 class ThreadServer:

@@ -13,7 +13,8 @@ import http.client
 import os
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -88,18 +89,47 @@ class _Fault:
 
 
 @dataclass
+class Outage:
+    """The endpoint down: every connection dropped from ``start`` for ``seconds``."""
+
+    seconds: float
+    trigger: Callable[[str, str], bool] | None
+    """Starts the outage at the first request ``(method, path)`` it accepts; None: at once."""
+    start: float | None = None
+    """``time.time()`` when it started; None while it waits for its trigger."""
+    started: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def end(self) -> float | None:
+        return None if self.start is None else self.start + self.seconds
+
+    def dropping(self, method: str, path: str | None, now: float) -> bool:
+        """Whether a request (``path`` None: a new connection) is dropped at ``now``;
+        starts the outage when the request is its trigger."""
+        if self.start is None:
+            if path is None or self.trigger is None or not self.trigger(method, path):
+                return False
+            self.start = now
+            self.started.set()
+        return now < self.start + self.seconds
+
+
+@dataclass
 class FaultyS3Proxy:
     """An HTTP proxy on 127.0.0.1 in front of an S3 endpoint that fails chosen requests.
 
     Every request is forwarded unchanged unless a fault registered with :meth:`fail`
     matches it; then the proxy answers an S3-style error (or closes the connection) and
-    moto never sees the request. ``log`` records ``(method, path, status)`` for every
-    request, with status ``None`` for a dropped one.
+    moto never sees the request. During an :meth:`outage` every connection is closed as
+    soon as it is accepted, and every request on one already open is dropped. ``log``
+    records ``(method, path, status)`` for every request, with status ``None`` for a
+    dropped one.
     """
 
     upstream: str
     log: list[tuple[str, str, int | None]] = field(default_factory=list)
     _faults: list[_Fault] = field(default_factory=list)
+    _outages: list[Outage] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -114,6 +144,17 @@ class FaultyS3Proxy:
         with self._lock:
             self._faults.append(_Fault(method.upper(), times, status))
 
+    def outage(self, seconds: float, *, when: Callable[[str, str], bool] | None = None) -> Outage:
+        """Take the endpoint down for ``seconds``: now, or from the first request
+        ``(method, path)`` for which ``when`` is true (that request is dropped too)."""
+        outage = Outage(seconds, when)
+        if when is None:
+            outage.start = time.time()
+            outage.started.set()
+        with self._lock:
+            self._outages.append(outage)
+        return outage
+
     def count(self, method: str) -> int:
         """How many ``method`` requests reached the proxy, failed or not."""
         with self._lock:
@@ -125,7 +166,12 @@ class FaultyS3Proxy:
         class Handler(_ProxyHandler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def verify_request(self, request: Any, client_address: Any) -> bool:
+                # False closes the connection at once: the endpoint is down.
+                return not proxy._dropping("CONNECT", None)
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         serve = functools.partial(self._server.serve_forever, poll_interval=0.05)
         threading.Thread(target=serve, daemon=True).start()
@@ -134,6 +180,11 @@ class FaultyS3Proxy:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+    def _dropping(self, method: str, path: str | None) -> bool:
+        now = time.time()
+        with self._lock:
+            return any([o.dropping(method, path, now) for o in self._outages])
 
     def _take_fault(self, method: str) -> _Fault | None:
         with self._lock:
@@ -182,12 +233,15 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._body()
+        if self.owner._dropping(self.command, self.path):
+            self.owner._record(self.command, self.path, None)
+            self._drop()
+            return
         fault = self.owner._take_fault(self.command)
         if fault is not None:
             self.owner._record(self.command, self.path, fault.status)
             if fault.status is None:
-                self.close_connection = True
-                self.connection.shutdown(socket.SHUT_RDWR)
+                self._drop()
             else:
                 self._send_error(fault.status)
             return
@@ -204,6 +258,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(payload)
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
 
     def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         host = self.owner.upstream.removeprefix("http://")
