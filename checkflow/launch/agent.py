@@ -36,7 +36,6 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from checkflow.client.rank import ABORT_EXIT_CODE
 from checkflow.launch import recovery
 from checkflow.launch.watch import CoordinatorWatch, JobView
-from checkflow.protocol import FailureReport
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ class CheckflowAgent(LocalElasticAgent):
         if self._watch is None:
             return result
         for rank, seen_at in crashes.items():
-            self._report_crash(rank, seen[rank][0], seen_at)
+            self._watch.report_failure(rank, seen[rank][0], seen_at)
         if crashes or not self._fault_elsewhere():
             return result  # torch counts it against --max-restarts
         logger.warning(
@@ -139,20 +138,6 @@ class CheckflowAgent(LocalElasticAgent):
         view = self._watch.refresh()
         marks = self._marks(view)
         return view is not None and marks is not None and not recovery.failed_here(view, marks)
-
-    def _report_crash(self, rank: int, code: int, seen_at: float) -> None:
-        assert self._watch is not None
-        view = self._watch.view()
-        if view is None:
-            return  # never reached the coordinator: it cannot know the rank either
-        public = view.ranks.get(rank)
-        report = FailureReport(
-            generation=public.generation if public is not None else view.generation,
-            exit_code=max(-255, min(255, code)),
-            detail=f"seen by the checkflow agent (exit code {code})",
-            seconds_ago=max(0.0, time.monotonic() - seen_at),
-        )
-        self._watch.report_failure(rank, report)
 
     # --- following the job ----------------------------------------------------------------
     def _follow_job(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:

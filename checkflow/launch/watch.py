@@ -51,7 +51,7 @@ class CoordinatorWatch:
         self.url, self.job = settings.url, settings.job
         self.interval_s = interval_s
         self._channel = Channel(settings.url.rstrip("/"), settings.token, REQUEST_TIMEOUT_S)
-        self._reports: queue.Queue[tuple[int, FailureReport] | None] = queue.Queue()
+        self._reports: queue.Queue[tuple[int, int, float] | None] = queue.Queue()
         self._view: JobView | None = None
         self._unreachable = False
         self._no_failure_route = False
@@ -75,9 +75,11 @@ class CoordinatorWatch:
         self._poll()
         return self._view
 
-    def report_failure(self, rank: int, report: FailureReport) -> None:
-        """Queue a crash report of global ``rank``; the thread sends it at once."""
-        self._reports.put((rank, report))
+    def report_failure(self, rank: int, exit_code: int, seen_at: float) -> None:
+        """Queue a crash report of global ``rank`` (seen exiting at ``time.monotonic()``
+        ``seen_at``); the thread looks at the job again and sends it at once, with the
+        generation the coordinator has for that rank."""
+        self._reports.put((rank, exit_code, seen_at))
 
     # --- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -111,12 +113,33 @@ class CoordinatorWatch:
         self._back_online()
         self._view = JobView(job.generation, {r.rank: r for r in ranks.ranks}, asked_at)
 
-    def _send(self, rank: int, report: FailureReport) -> None:
+    def _send(self, rank: int, exit_code: int, seen_at: float) -> None:
+        self._poll()  # the generation of the rank's crashed process, not an older view's
+        view = self._view
+        if view is None:
+            logger.warning(
+                "checkflow: rank %d crashed (exit code %d); not reported: no answer from "
+                "the coordinator (it finds the failure after its heartbeat timeout)",
+                rank,
+                exit_code,
+            )
+            return
+        public = view.ranks.get(rank)
+        report = FailureReport(
+            generation=public.generation if public is not None else view.generation,
+            exit_code=max(-255, min(255, exit_code)),
+            detail=f"seen by the checkflow agent (exit code {exit_code})",
+            seconds_ago=max(0.0, time.monotonic() - seen_at),
+        )
         path = paths.path(paths.FAILURE, job=self.job, rank=rank)
         try:
             self._channel.call("POST", path, report, RankPublic)
-            logger.info(
-                "coordinator: reported rank %d failed (exit code %s)", rank, report.exit_code
+            logger.warning(
+                "checkflow: reported the crash of rank %d (exit code %s, generation %d) to %s",
+                rank,
+                report.exit_code,
+                report.generation,
+                self.url,
             )
         except CoordinatorUnavailable as e:
             self._note_unreachable(e)
