@@ -149,10 +149,13 @@ class CheckflowCallback(pl.Callback):
             log.info("fit(ckpt_path=%s) given: not restoring from %s", trainer.ckpt_path, self.uri)
             return
         self.restored_step = self.checkpointer.restore(trust=self.trust)
-        if self.restored_step and self.options.get("rng", True):
+        mid_epoch = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if self.restored_step and mid_epoch and self.options.get("rng", True):
             # Lightning creates the train iterator after this hook, and a DataLoader draws
-            # its base seed from the global torch RNG then; the uninterrupted run drew it
-            # before the saved point. The saved states are set again before the next batch.
+            # its base seed from the global torch RNG then; mid-epoch, the uninterrupted run
+            # drew it before the saved point. The saved states are set again before the
+            # next batch. (Saved at an epoch's last batch, the next epoch's iterator is
+            # created after the saved point in both runs.)
             self._rng_to_set = rng_state()
         if self.restored_step:
             log.info(

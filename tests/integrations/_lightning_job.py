@@ -62,6 +62,7 @@ def main() -> None:
     p.add_argument("--exports", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--kill-at", type=int, default=None)
+    p.add_argument("--every", type=int, default=4)
     args = p.parse_args()
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
@@ -69,7 +70,7 @@ def main() -> None:
     x = torch.randn(60, 8, generator=g)
     y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(60, 1, generator=g)
     loader = StatefulDataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
-    ckpt = CheckflowCallback(args.dir, every=4)
+    ckpt = CheckflowCallback(args.dir, every=args.every)
     callbacks: list[pl.Callback] = [
         ckpt,
         ModelCheckpoint(
