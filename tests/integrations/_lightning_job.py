@@ -30,10 +30,18 @@ from checkflow.integrations.lightning_io import CheckflowCheckpointIO
 class Regressor(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
+        self.seen: dict[int, tuple[float, int]] = {}
+        """Per global step: the batch's sum and the RNG state's, before the forward pass."""
         self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        self.seen[self.trainer.global_step] = (
+            x.sum().item(),
+            torch.get_rng_state().sum().item(),
+            sum(p.double().sum().item() for p in self.parameters()),
+            self.trainer.optimizers[0].param_groups[0]["lr"],
+        )
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
         return loss
@@ -111,6 +119,7 @@ def main() -> None:
             "best_k": {os.path.basename(k): float(v) for k, v in best.best_k_models.items()},
             "exports": sorted(os.listdir(args.exports)),
             "rng": torch.get_rng_state(),
+            "seen": module.seen,
         },
         args.out,
     )
