@@ -104,8 +104,10 @@ def main() -> int:
         restored = ckpt.restore()
     got = batches(epochs(again), 15)
     same = got == expected
-    print(f"checkpoint {restored} (saved step {step}) in {uri}: {len(got)} batches after the "
-          f"restore, {args.workers} workers: {'bitwise equal' if same else 'DIFFERENT'}")
+    print(
+        f"checkpoint {restored} (saved step {step}) in {uri}: {len(got)} batches after the "
+        f"restore, {args.workers} workers: {'bitwise equal' if same else 'DIFFERENT'}"
+    )
     return 0 if same else 1
 
 

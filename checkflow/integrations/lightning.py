@@ -14,7 +14,8 @@ train dataloader such as torchdata's ``StatefulDataLoader``), the state of the o
 callbacks (``ModelCheckpoint``'s best-k bookkeeping among them), the precision plugin's
 (AMP scaler) and the RNG states. One ``Checkpointer`` step is one train batch. A
 checkpoint is taken at ``on_train_batch_end``, where Lightning itself saves mid-epoch
-checkpoints, so its loops know how to restart from there.
+checkpoints, so its loops know how to restart from there, after every other callback (the
+callback moves itself last), so that it holds their work of that batch.
 
 ``ModelCheckpoint`` keeps doing best-k exports: they are Lightning checkpoints, written by
 the ``CheckpointIO`` plugin of the Trainer (``checkflow.integrations.lightning_io`` stores
@@ -50,7 +51,7 @@ class LightningTrainerState:
         self.skip = skip
 
     def _callbacks(self) -> list[pl.Callback]:
-        return [cb for cb in self.trainer.callbacks if cb is not self.skip]  # type: ignore[attr-defined]
+        return [cb for cb in self.trainer.callbacks if cb is not self.skip]
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self.trainer
@@ -140,6 +141,10 @@ class CheckflowCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Here the optimizers and schedulers exist, and the fit loop has not started: the
         # same point where Lightning restores the training state from a ckpt_path.
+        # Last among the callbacks, so that a checkpoint holds what the others did in the
+        # same batch (ModelCheckpoint's export of that step). A new list: the hooks being
+        # called now iterate the old one.
+        trainer.callbacks = [cb for cb in trainer.callbacks if cb is not self] + [self]
         self.checkpointer = Checkpointer(self.uri, trainer_state(trainer, self), **self.options)
         self.checkpointer.open()
         self.restored_step = 0

@@ -227,4 +227,3 @@ def _update_steps_per_epoch(loader: Any, args: TrainingArguments) -> int | None:
         return None
     accumulate = args.gradient_accumulation_steps
     return max(batches // accumulate + int(batches % accumulate > 0), 1)
-

@@ -93,8 +93,7 @@ def test_stateful_dataloader_with_two_workers_resumes_bitwise_mid_epoch(tmp_path
     fresh = _loader()
     assert _take(_stream(fresh), 10) != expected
     # The state went in as data: it loads without trust (no pickle inside).
-    saved = load(str(tmp_path))["data"]
-    assert saved["_num_yielded"] == 2 and saved["_iterator_finished"] is False
+    assert load(str(tmp_path))["data"].keys() == loader.state_dict().keys()
 
 
 @pytest.mark.slow
