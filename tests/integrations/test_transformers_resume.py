@@ -26,6 +26,8 @@ pytest.importorskip("transformers", reason="the transformers extra is not instal
 pytestmark = pytest.mark.slow
 
 JOB = Path(__file__).with_name("_transformers_job.py")
+LOGGING_STEPS = 4
+"""``TrainingArguments.logging_steps`` of the job."""
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -76,8 +78,15 @@ def test_hf_trainer_killed_mid_epoch_resumes_bitwise_equal(
     assert (final["global_step"], final["epoch"]) == (30, 2.0)
     # Parameters, AdamW moments and step counts, the schedule and the RNG: every bit.
     assert differing(final, uninterrupted, ["params", "optim", "sched", "rng"]) == []
-    # The log history too: the checkpoint is taken after the step's log entry, and the
-    # losses logged after the resume average the same steps as in the uninterrupted run.
-    assert differing(final, uninterrupted, ["losses"]) == []
+    # The log history too, every 4 steps (the checkpoint is taken after its step's log
+    # entry). One exception: when the restored step is not on that grid, the first loss
+    # logged after it averages only the steps since the restore. The Trainer's running
+    # loss is not part of its state, as after its own checkpoints.
+    restored = final["restored_step"]
+    skip = {restored // LOGGING_STEPS * LOGGING_STEPS + LOGGING_STEPS} if restored % LOGGING_STEPS else set()
+    logged = {"losses": {s: v for s, v in final["losses"].items() if s not in skip}}
+    expected = {"losses": {s: v for s, v in uninterrupted["losses"].items() if s not in skip}}
+    assert sorted(final["losses"]) == sorted(uninterrupted["losses"])
+    assert differing(logged, expected, ["losses"]) == []
     # (Not compared: TrainOutput.training_loss and train_runtime, which the Trainer
     # computes over the steps of this train() call only, as after its own resumes.)
