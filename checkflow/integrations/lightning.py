@@ -1,0 +1,206 @@
+"""PyTorch Lightning: frequent asynchronous checkflow checkpoints of a ``Trainer``.
+
+Add the callback and call ``fit`` as usual; a run that was killed resumes from the newest
+committed checkpoint on the next ``fit``::
+
+    from checkflow.integrations.lightning import CheckflowCallback
+
+    trainer = L.Trainer(callbacks=[CheckflowCallback("s3://bucket/run-42", every=50)])
+    trainer.fit(module, datamodule)    # resumes from s3://bucket/run-42 when it holds one
+
+Each checkpoint holds the module, every optimizer and LR scheduler, Lightning's loop state
+(fit loop progress: epoch, batch and optimizer-step counters, and the state of a stateful
+train dataloader such as torchdata's ``StatefulDataLoader``), the state of the other
+callbacks (``ModelCheckpoint``'s best-k bookkeeping among them), the precision plugin's
+(AMP scaler) and the RNG states. One ``Checkpointer`` step is one train batch. A
+checkpoint is taken at ``on_train_batch_end``, where Lightning itself saves mid-epoch
+checkpoints, so its loops know how to restart from there, after every other callback (the
+callback moves itself last), so that it holds their work of that batch.
+
+``ModelCheckpoint`` keeps doing best-k exports: they are Lightning checkpoints, written by
+the ``CheckpointIO`` plugin of the Trainer (``checkflow.integrations.lightning_io`` stores
+them with checkflow too). A resumed run replays the steps after the restored checkpoint
+and makes the same export decisions again; pass ``ModelCheckpoint(...,
+enable_version_counter=False)`` so that an export repeated under the same name replaces
+the first instead of being written as ``-v1``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning.pytorch as pl
+
+from checkflow.checkpointer import Checkpointer
+from checkflow.state import rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+class LightningTrainerState:
+    """What a Lightning ``Trainer`` keeps outside the module, optimizers and schedulers.
+
+    A state object for the ``Checkpointer``: the fit loop's state (progress counters and
+    the train dataloader's state when it has one), the other callbacks' states by their
+    ``state_key``, the precision plugin's and the datamodule's.
+    """
+
+    def __init__(self, trainer: pl.Trainer, skip: pl.Callback | None = None) -> None:
+        self.trainer = trainer
+        self.skip = skip
+
+    def _callbacks(self) -> list[pl.Callback]:
+        return [cb for cb in self.trainer.callbacks if cb is not self.skip]
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self.trainer
+        callbacks = {}
+        for cb in self._callbacks():
+            state = cb.state_dict()
+            if state:
+                callbacks[cb.state_key] = state
+        fit_loop = trainer.fit_loop.state_dict()
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            _mark_loaders_finished(fit_loop)
+        out: dict[str, Any] = {
+            "fit_loop": fit_loop,
+            "callbacks": callbacks,
+            "precision": trainer.precision_plugin.state_dict(),
+        }
+        if trainer.datamodule is not None:
+            out["datamodule"] = trainer.datamodule.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        trainer = self.trainer
+        trainer.fit_loop.load_state_dict(state["fit_loop"])
+        for cb in self._callbacks():
+            if cb.state_key in state["callbacks"]:
+                cb.load_state_dict(state["callbacks"][cb.state_key])
+        if state["precision"]:
+            trainer.precision_plugin.load_state_dict(state["precision"])
+        if trainer.datamodule is not None and "datamodule" in state:
+            trainer.datamodule.load_state_dict(state["datamodule"])
+
+
+def _mark_loaders_finished(fit_loop: dict[str, Any]) -> None:
+    """Save the train loaders' states at an epoch's last batch as finished iterators.
+
+    Lightning knows the last batch from the loader's length, without asking the iterator
+    for one more, so a torchdata ``StatefulDataLoader`` there still reports an unfinished
+    iterator. Restarted from such a state, Lightning finishes the epoch and iterates the
+    *same* resumed iterator for the next epoch, which then yields nothing (Lightning 2.6).
+    A finished state makes the resumed loader start the next epoch, continuing its
+    sampler's generator, as the uninterrupted run does.
+    """
+    for loader_state in fit_loop.get("state_dict", {}).get("combined_loader", []):
+        if isinstance(loader_state, dict) and "_iterator_finished" in loader_state:
+            loader_state["_iterator_finished"] = True
+
+
+def trainer_state(trainer: pl.Trainer, skip: pl.Callback | None = None) -> dict[str, Any]:
+    """The ``Checkpointer`` state of a ``Trainer`` whose optimizers are set up.
+
+    Names: ``module``, ``optimizer0``…, ``scheduler0``… and ``trainer``. Optimizers are
+    handed over as they are, so the ``Checkpointer`` copies their tensors (and the
+    parameters) in the background and waits only at the next optimizer step.
+    """
+    state: dict[str, Any] = {"module": trainer.lightning_module}
+    for i, optimizer in enumerate(trainer.optimizers):
+        state[f"optimizer{i}"] = optimizer
+    for i, config in enumerate(trainer.lr_scheduler_configs):
+        state[f"scheduler{i}"] = config.scheduler
+    state["trainer"] = LightningTrainerState(trainer, skip)
+    return state
+
+
+class CheckflowCallback(pl.Callback):
+    """Checkpoint a Lightning ``fit`` with checkflow, and resume it from the newest one.
+
+    Args:
+        uri: where the checkpoints go (a local path or an fsspec URL).
+        resume: on ``fit``, restore the newest committed checkpoint of ``uri``. Skipped
+            when ``fit`` was given a ``ckpt_path``: Lightning restores from that one.
+        trust: unpickle objects stored as pickles when restoring (see the README's
+            "Safe loading"); only for checkpoints whose writer you trust.
+        **options: the ``Checkpointer``'s options (``every``, ``codec``, ``keep``,
+            ``coordinator``, ``job``, ``max_overhead``...). ``rng`` is True by default.
+    """
+
+    def __init__(self, uri: str, *, resume: bool = True, trust: bool = False, **options: Any):
+        self.uri = uri
+        self.resume = resume
+        self.trust = trust
+        self.options = options
+        self.checkpointer: Checkpointer | None = None
+        self._rng_to_set: dict[str, Any] | None = None
+        self.restored_step = 0
+        """The step (train batches) the last ``fit`` resumed from; 0 when it started fresh."""
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Here the optimizers and schedulers exist, and the fit loop has not started: the
+        # same point where Lightning restores the training state from a ckpt_path.
+        # Last among the callbacks, so that a checkpoint holds what the others did in the
+        # same batch (ModelCheckpoint's export of that step). A new list: the hooks being
+        # called now iterate the old one.
+        trainer.callbacks = [cb for cb in trainer.callbacks if cb is not self] + [self]
+        self.checkpointer = Checkpointer(self.uri, trainer_state(trainer, self), **self.options)
+        self.checkpointer.open()
+        self.restored_step = 0
+        if not self.resume:
+            return
+        if trainer.ckpt_path:
+            log.info("fit(ckpt_path=%s) given: not restoring from %s", trainer.ckpt_path, self.uri)
+            return
+        self.restored_step = self.checkpointer.restore(trust=self.trust)
+        mid_epoch = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if self.restored_step and mid_epoch and self.options.get("rng", True):
+            # Lightning creates the train iterator after this hook, and a DataLoader draws
+            # its base seed from the global torch RNG then; mid-epoch, the uninterrupted run
+            # drew it before the saved point. The saved states are set again before the
+            # next batch. (Saved at an epoch's last batch, the next epoch's iterator is
+            # created after the saved point in both runs.)
+            self._rng_to_set = rng_state()
+        if self.restored_step:
+            log.info(
+                "resumed from step %d of %s (epoch %d, global step %d)",
+                self.restored_step,
+                self.uri,
+                trainer.current_epoch,
+                trainer.global_step,
+            )
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._rng_to_set is not None:
+            set_rng_state(self._rng_to_set)
+            self._rng_to_set = None
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        assert self.checkpointer is not None, "on_fit_start was not called"
+        self.checkpointer.step()
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close(raise_errors=True)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._close(raise_errors=False)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._close(raise_errors=True)
+
+    def _close(self, *, raise_errors: bool) -> None:
+        ckpt, self.checkpointer = self.checkpointer, None
+        if ckpt is not None:
+            ckpt.close(raise_errors=raise_errors)
