@@ -11,8 +11,9 @@ stops, heartbeats included) or ``hang`` (a Python busy loop on the main thread w
 other threads live on; rank 0 then waits in DDP's ``all_reduce`` of the next step).
 
 Events go to ``<--events>/rank-<rank>.log``, one line each, ``<kind> <rank> <round> <value>
-<unix time>``: ``exec`` (the process's start, read from ``/proc``), ``ready`` (process group
-joined, checkpointer open: about to restore), ``start`` (restored; value = the step training
+<unix time>``: ``exec`` (the process's start, read from ``/proc``), ``imported`` (torch
+imported), ``joined`` (``init_process_group`` returned), ``ready`` (checkpointer open: about
+to restore), ``start`` (restored; value = the step training
 resumes from), ``step`` (value = steps done), ``fault`` (value = the step after which the
 fault comes; written before it is injected) and ``final`` (value = digest of the final
 parameters and optimizer state).
@@ -47,6 +48,8 @@ import torch  # noqa: E402 - the start time is read before the slow import
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
+IMPORTED_TIME = time.time()
+
 
 class Events:
     """Appends ``<kind> <rank> <round> <value> <time>`` lines, each written at once."""
@@ -65,7 +68,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--ckpt", choices=["checkflow", "dcp", "none"], required=True)
     p.add_argument("--dir", required=True)
     p.add_argument("--events", required=True)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--step-time", type=float, default=0.3)
     p.add_argument("--fault", choices=["none", "crash", "freeze", "hang"], default="none")
@@ -215,8 +218,10 @@ def main() -> None:
     rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     event = Events(args.events, rank, restart)
     event("exec", os.getpid(), at=EXEC_TIME)
+    event("imported", at=IMPORTED_TIME)
     timeout = timedelta(seconds=args.pg_timeout) if args.pg_timeout else None
     dist.init_process_group("gloo", timeout=timeout)
+    event("joined")
     torch.set_num_threads(1)
     model, opt = build()
     saver = SAVERS[args.ckpt](args, model, opt)

@@ -1,7 +1,7 @@
 """Recovery from a crash, a freeze and a hang, under ``checkflow run`` and plain ``torchrun``.
 
-The same 2-rank gloo DDP job (``_recovery_job.py``: a checkpoint every 5 steps, steps of
-about 0.3 s) and the same fault, injected by rank 1 right after step 13 of the first round,
+The same 2-rank gloo DDP job (``_recovery_job.py``: 20 steps of about 0.3 s, a checkpoint
+every 5) and the same fault, injected by rank 1 right after step 13 of the first round,
 under three setups:
 
 - ``checkflow-run``: ``checkflow run`` + ``Checkpointer`` reporting to a coordinator;
@@ -91,7 +91,8 @@ class Try:
     restore_s: float | None = None
     target_s: float | None = None
     timeline: dict[str, float] = field(default_factory=dict)
-    """Fault → new workers created (detection + launcher), their start-up, restore, first step."""
+    """Fault → new workers created (detection + launcher) → torch imported → process group
+    joined → checkpointer open → restored → first step, each from the one before."""
     seconds: float = 0.0
 
 
@@ -279,7 +280,8 @@ def timeline(events: list[Event], hit: Event, rnd: int) -> dict[str, float]:
         ts = [e.t for e in events if e.kind == kind and e.round == rnd]
         return max(ts) if ts else None
 
-    points = [("relaunch", first("exec")), ("startup", last("ready")), ("restore", last("start"))]
+    points = [("relaunch", first("exec")), ("import", last("imported"))]
+    points += [("join", last("joined")), ("open", last("ready")), ("restore", last("start"))]
     points.append(("first step", first("step")))
     out, before = {}, hit.t
     for name, t in points:
@@ -391,7 +393,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tries", type=int, default=10, help="per fault and setup")
     p.add_argument("--faults", default=",".join(FAULTS))
     p.add_argument("--setups", default=",".join(SETUPS))
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--every", type=int, default=5, help="checkpoint interval (steps)")
     p.add_argument("--fault-at", type=int, default=13, help="the fault comes after this step")
     p.add_argument("--step-time", type=float, default=0.3, help="seconds per step (paced)")
