@@ -12,8 +12,9 @@ other threads live on; rank 0 then waits in DDP's ``all_reduce`` of the next ste
 
 Events go to ``<--events>/rank-<rank>.log``, one line each, ``<kind> <rank> <round> <value>
 <unix time>``: ``exec`` (the process's start, read from ``/proc``), ``imported`` (torch
-imported), ``joined`` (``init_process_group`` returned), ``ready`` (checkpointer open: about
-to restore), ``start`` (restored; value = the step training
+imported), ``joined`` (``init_process_group`` returned), ``built`` (the DDP model and
+optimizer exist: DDP's first construction imports ``torch._dynamo``, seconds under load),
+``ready`` (checkpointer open: about to restore), ``start`` (restored; value = the step training
 resumes from), ``step`` (value = steps done), ``fault`` (value = the step after which the
 fault comes; written before it is injected) and ``final`` (value = digest of the final
 parameters and optimizer state).
@@ -224,6 +225,7 @@ def main() -> None:
     event("joined")
     torch.set_num_threads(1)
     model, opt = build()
+    event("built")
     saver = SAVERS[args.ckpt](args, model, opt)
     event("ready")
     start = saver.restore()

@@ -92,7 +92,8 @@ class Try:
     target_s: float | None = None
     timeline: dict[str, float] = field(default_factory=dict)
     """Fault → new workers created (detection + launcher) → torch imported → process group
-    joined → checkpointer open → restored → first step, each from the one before."""
+    joined → DDP model built → checkpointer open → restored → first step, each from the
+    one before."""
     seconds: float = 0.0
 
 
@@ -281,7 +282,8 @@ def timeline(events: list[Event], hit: Event, rnd: int) -> dict[str, float]:
         return max(ts) if ts else None
 
     points = [("relaunch", first("exec")), ("import", last("imported"))]
-    points += [("join", last("joined")), ("open", last("ready")), ("restore", last("start"))]
+    points += [("join", last("joined")), ("build", last("built")), ("open", last("ready"))]
+    points.append(("restore", last("start")))
     points.append(("first step", first("step")))
     out, before = {}, hit.t
     for name, t in points:
@@ -398,7 +400,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-at", type=int, default=13, help="the fault comes after this step")
     p.add_argument("--step-time", type=float, default=0.3, help="seconds per step (paced)")
     p.add_argument("--timeout", type=float, default=10.0, help="hang timeout = DCP's PG timeout")
-    p.add_argument("--deadline", type=float, default=120.0, help="seconds from the fault")
+    p.add_argument("--deadline", type=float, default=90.0, help="seconds from the fault")
     p.add_argument(
         "--fresh-store", action="store_true", help="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
     )
