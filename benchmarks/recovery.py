@@ -336,7 +336,10 @@ def median_of(values: list[float | None]) -> float | None:
 
 
 def fmt(v: float | None, unit: str = " s") -> str:
-    return "-" if v is None else f"{v:.1f}{unit}"
+    """Seconds with one decimal; a count (``unit=""``) as it is."""
+    if v is None:
+        return "-"
+    return f"{v:.1f}{unit}" if unit else f"{v:g}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
