@@ -437,6 +437,20 @@ def reference_digest(args: argparse.Namespace) -> str:
     return finals.pop()
 
 
+def commit() -> str:
+    """The checkout measured (``git describe``; ``-dirty`` when it has uncommitted changes)."""
+    git = ["git", "-C", str(JOB.parent), "describe", "--always", "--dirty"]
+    return subprocess.run(git, capture_output=True, text=True).stdout.strip() or "unknown"
+
+
+def has_hang_timeout() -> bool:
+    import inspect
+
+    from checkflow import Checkpointer
+
+    return "hang_timeout" in inspect.signature(Checkpointer).parameters
+
+
 def plan(args: argparse.Namespace) -> list[tuple[int, str, str]]:
     """Every try, interleaved: each round runs every fault under every setup, the setups in
     an order rotated per round (the machine is shared and its load drifts)."""
@@ -456,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(Path(args.report).read_text())
         report([Try(**t) for t in saved["tries"]], {**saved["meta"]})
         return 0
+    meta.update(commit=commit(), hang_timeout_supported=has_hang_timeout())
+    if not meta["hang_timeout_supported"]:
+        print("note: this Checkpointer has no hang_timeout: no hang detection in this build")
     args.work = args.work or tempfile.mkdtemp(prefix="checkflow-recovery-")
     out = Path(args.out or Path(args.work) / "results.json")
     reference = reference_digest(args)
