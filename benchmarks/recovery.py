@@ -205,8 +205,10 @@ def run_try(
     started = time.time()
     with open(folder / "launcher.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        ending = watch(proc, folder / "events", args)
-        stop(proc, read_events(folder / "events"))
+        try:
+            ending = watch(proc, folder / "events", args)
+        finally:  # Ctrl-C included: no worker of this try outlives it
+            stop(proc, read_events(folder / "events"))
     result = analyse(setup, fault, index, read_events(folder / "events"), reference, args)
     result.seconds = time.time() - started
     if not result.recovered:
