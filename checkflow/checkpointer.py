@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import fields
 from typing import Any
 
@@ -60,6 +61,7 @@ class Checkpointer:
             ``"wait"`` (the default; counted in ``stats.waits``) or ``"skip"``.
         storage_options: passed to fsspec (credentials, endpoint).
         token: bearer token for the coordinator.
+        hang_timeout: seconds a still step may last before the coordinator calls it a hang.
         allow_pickle: store state values that are not data as pickles (loading needs
             ``trust=True``).
 
@@ -84,6 +86,7 @@ class Checkpointer:
         when_busy: str = "wait",
         storage_options: dict[str, Any] | None = None,
         token: str | None = None,
+        hang_timeout: float | None = None,
         allow_pickle: bool = False,
         config: CheckpointConfig | None = None,
     ) -> None:
@@ -196,9 +199,15 @@ class Checkpointer:
             token=cfg.token,
             storage_uri=self.storage.uri,
             max_overhead=cfg.max_overhead,
+            hang_timeout_s=cfg.hang_timeout,
         )
         self._registration = self._client.register()
         self._client.start()
+
+    def paused(self) -> AbstractContextManager[None]:
+        """``with ckpt.paused():`` around a known long pause (eval, an export): the still step
+        is no hang. Nestable; blocking ``save()``, ``wait()``, ``restore()`` pause on their own."""
+        return self._client.paused() if self._client is not None else nullcontext()
 
     # -- restore ---------------------------------------------------------------------------
     def restore(self, step: int | None = None, *, trust: bool = False) -> int:
@@ -225,9 +234,10 @@ class Checkpointer:
         if step is None and self._registration is not None:
             step = self._registration.restore_step
         steps = resume.candidate_steps(self.storage, step)
-        found = resume.read_newest(
-            self.storage, self.state, steps, rank=self.rank, sync=self._sync, trust=trust
-        )
+        with self.paused():  # reading may take long: not a hang
+            found = resume.read_newest(
+                self.storage, self.state, steps, rank=self.rank, sync=self._sync, trust=trust
+            )
         if found is None:
             return 0
         candidate, state_dicts = found
@@ -282,15 +292,16 @@ class Checkpointer:
         Raises:
             Exception: the first error of a failed persist.
         """
-        pending, self._pending = self._pending, []
-        errors = []
-        for f in pending:
-            try:
-                f.result()
-            except Exception as e:  # collect, so that every future is waited for
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        with self.paused():  # a blocking wait: not a hang
+            pending, self._pending = self._pending, []
+            errors = []
+            for f in pending:
+                try:
+                    f.result()
+                except Exception as e:  # collect, so that every future is waited for
+                    errors.append(e)
+            if errors:
+                raise errors[0]
 
     def _wait_quietly(self) -> None:
         try:
@@ -309,7 +320,7 @@ class Checkpointer:
         skip = self.config.when_busy == "skip" and not force
         pool = None
         if not skip:
-            pool = acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
+            pool = self._acquire()
         # With several ranks, prepare_snapshot tells every rank whether one has no free
         # buffer set (only possible with when_busy="skip"): they skip together, or one
         # rank's part would be missing and the step never commit.
@@ -332,8 +343,14 @@ class Checkpointer:
             count_skip(self.stats, self._step, "a rank is still persisting")
             return None
         if pool is None:
-            pool = acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
+            pool = self._acquire()
         return self._take(flat, shards, pool, t0)
+
+    def _acquire(self) -> HostBufferPool:
+        """A free host buffer set; waiting for a persist (a slow store?) is a pause, not a hang."""
+        assert self._snapshotter is not None
+        with nullcontext() if self._snapshotter.buffers.has_free() else self.paused():
+            return acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
 
     def _take(
         self, flat: FlatState, shards: dict[str, Any], pool: HostBufferPool, t0: float
@@ -372,23 +389,8 @@ class Checkpointer:
         meter = self._meter
         if self._client is not None:
             self._client.report_progress(self._step, dt, meter.last_cost_s, meter.last_persist_s)
-        if not meter.step_ended(dt):
-            return
-        tuner = self._tuner
-        assert tuner is not None
-        if tuner.update():
-            p = tuner.profile
-            assert p is not None
-            log.info(
-                "checkpoint interval now %d steps (step %.4fs, cost %.4fs, persist %.4fs, "
-                "budget %.1f%%)",
-                tuner.interval,
-                p.iteration_s,
-                p.cost_s,
-                p.persist_s,
-                100 * self.config.max_overhead,
-            )
-        self.stats.interval = tuner.interval
+        if meter.step_ended(dt):
+            self.stats.interval = meter.retune()
 
     def _on_persisted(self, result: RankResult) -> None:
         # Runs on the persist thread, which has counted the result in self.stats.

@@ -51,6 +51,10 @@ class CheckpointConfig:
     """Passed to fsspec (credentials, endpoint)."""
     token: str | None = None
     """Bearer token for the coordinator."""
+    hang_timeout: float | None = None
+    """Seconds a rank's step may stand still before the coordinator declares it hung and
+    the job restarts; None: the coordinator's default (``checkflow serve --hang-timeout``),
+    else derived from the step times. Wrap known long pauses in ``ckpt.paused()``."""
     allow_pickle: bool = False
     """Store state values that are not data (see ``checkflow.objects``) as pickles instead of
     refusing them at the first checkpoint. Loading such a checkpoint then needs
@@ -69,6 +73,12 @@ class CheckpointConfig:
             raise ValueError(f"when_busy must be one of {WHEN_BUSY}, got {self.when_busy!r}")
         if self.coordinator is not None and not self.job:
             raise ValueError("coordinator= needs job= (the job's name on the coordinator)")
+        if self.hang_timeout is not None and (
+            not _is_number(self.hang_timeout) or not 0.1 <= self.hang_timeout <= 1e9
+        ):
+            raise ValueError(
+                f"hang_timeout must be seconds in [0.1, 1e9] or None, got {self.hang_timeout!r}"
+            )
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(
                 f"storage_options must be a dict of fsspec options, got {self.storage_options!r}"

@@ -42,7 +42,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     through to SQLite, so two processes would disagree.
     """
     settings = settings or Settings()
-    coordinator = Coordinator(Repository(settings.db), warmup_interval=settings.warmup_interval)
+    coordinator = Coordinator(
+        Repository(settings.db),
+        warmup_interval=settings.warmup_interval,
+        hang_timeout_s=settings.hang_timeout_s,
+    )
     coordinator.load()
     background: set[asyncio.Task[None]] = set()
     app = FastAPI(

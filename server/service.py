@@ -27,6 +27,7 @@ from checkflow.protocol import (
     CheckpointStatus,
     CommitReport,
     EventList,
+    FailureReport,
     FinishRequest,
     Health,
     Heartbeat,
@@ -59,10 +60,13 @@ class Coordinator:
         repository: Repository,
         *,
         warmup_interval: int = 10,
+        hang_timeout_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.repository = repository
         self.warmup_interval = warmup_interval
+        self.hang_timeout_s = hang_timeout_s
+        """Hang timeout of jobs that set none; None: derived from their step times."""
         self.clock = clock
         self.jobs: dict[str, Job] = {}
         self.metrics = Metrics()
@@ -133,6 +137,10 @@ class Coordinator:
         job = self.job(name)
         return self._apply(job, *ranks.finish(job, rank, body, self.clock()))
 
+    def report_failure(self, name: str, rank: int, body: FailureReport) -> RankPublic:
+        job = self.job(name)
+        return self._apply(job, *ranks.report_failure(job, rank, body, self.clock()))
+
     def list_ranks(self, name: str) -> RankList:
         job, now = self.job(name), self.clock()
         return RankList(ranks=[views.rank_public(job, r, now) for r in range(job.world_size)])
@@ -164,11 +172,12 @@ class Coordinator:
 
     # --- background sweeps --------------------------------------------------------------
     def detect(self) -> int:
-        """Declare failed every watched rank silent for longer than its job's timeout."""
+        """Declare failed every watched rank silent, or hung, for longer than its job's
+        timeouts; how many."""
         now = self.clock()
         found = 0
         for job in list(self.jobs.values()):
-            changes = ranks.detect(job, now)
+            changes = ranks.detect(job, now, self.hang_timeout_s)
             self._save(job, changes)
             found += sum(1 for e in changes.events if e.kind == EventKind.RANK_FAILED)
         return found

@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from checkflow.protocol import MAX_SECONDS
+
 
 def default_db_path() -> Path:
     """``$XDG_DATA_HOME/checkflow/coordinator.db`` (``~/.local/share`` when unset)."""
@@ -30,6 +32,9 @@ class Settings(BaseSettings):
     """Bearer token required on every ``/v1`` request; None disables auth (local use only)."""
     detector_period_s: float = Field(default=0.2, gt=0, le=10)
     """How often the failure detector sweeps; detection latency is timeout + this at most."""
+    hang_timeout_s: float | None = Field(default=None, ge=0.1, le=MAX_SECONDS)
+    """Hang timeout of jobs that set none: a rank whose step stands still this long is
+    hung. None: derived from each job's step times (see ``domain/progress.py``)."""
     retune_period_s: float = Field(default=1.0, gt=0, le=60)
     """How often each job's checkpoint interval is recomputed from the ranks' reports."""
     warmup_interval: int = Field(default=10, ge=1)

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from checkflow.client import ABORT_EXIT_CODE, CheckpointSchedule, CoordinatorClient
+from checkflow.client.progress import ProgressReport
 from tests.support.coordinator import TOKEN, ThreadServer
 from tests.support.net import free_port, wait_until
 
@@ -194,3 +195,37 @@ def test_a_reply_that_is_not_the_protocol_counts_as_unavailable(
         httpd.shutdown()
         thread.join(10)
     assert any("unreadable reply to POST /v1/jobs" in r.getMessage() for r in caplog.records)
+
+
+def test_pauses_nest_and_a_pause_between_heartbeats_is_reported_once() -> None:
+    report = ProgressReport()
+    report.update(4, 0.5)
+    assert report.heartbeat(1).paused is False
+    with report.paused():
+        with report.paused():
+            pass
+        assert report.heartbeat(1).paused is True  # the outer pause is still on
+    assert report.heartbeat(1).paused is True  # it ended after the last heartbeat: once
+    assert report.heartbeat(1).paused is False
+    beat = report.heartbeat(3)
+    assert (beat.generation, beat.step, beat.iteration_s) == (3, 4, 0.5)
+
+
+def test_a_paused_client_is_not_hung_and_a_still_one_is(server: ThreadServer) -> None:
+    reasons: list[str] = []
+    with make_client(server.url, hang_timeout_s=0.4, on_abort=reasons.append) as c:
+        assert c.register() is not None
+        assert server.get("/v1/jobs/job")["hang_timeout_s"] == 0.4
+        c.start()
+        c.report_progress(1)
+        wait_until(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 1)
+        with c.paused():
+            time.sleep(1.5)  # more than three hang timeouts at a still step
+        assert not reasons
+        start = time.monotonic()
+        wait_until(lambda: reasons, timeout=5)  # no pause now: the still step is a hang
+        assert time.monotonic() - start < 2.0
+    [failed] = [
+        e for e in server.get("/v1/jobs/job/events")["events"] if e["kind"] == "rank_failed"
+    ]
+    assert failed["detail"]["kind"] == "hung"

@@ -13,7 +13,7 @@ import logging
 from checkflow.cli.arguments import Command
 from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError, line
 
-_SETTINGS = ("host", "port", "db", "token", "log_level")
+_SETTINGS = ("host", "port", "db", "token", "hang_timeout_s", "log_level")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +21,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="TCP port (default 8470)")
     parser.add_argument("--db", help="SQLite database (default: ~/.local/share/checkflow/...)")
     parser.add_argument("--token", help="bearer token required on /v1 (default: none)")
+    parser.add_argument(
+        "--hang-timeout",
+        dest="hang_timeout_s",
+        type=float,
+        metavar="S",
+        help="seconds a rank's step may stand still before it is hung, for jobs that set no "
+        "hang_timeout (default: derived from each job's step times, at least 60 s)",
+    )
     parser.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
 
 

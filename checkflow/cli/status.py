@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     _print_checkpoints(report.checkpoints)
     line()
     _print_events(report.events)
+    line()
+    _print_recoveries(report.events)
     return EXIT_OK
 
 
@@ -132,6 +134,37 @@ def _print_events(events: list[EventPublic]) -> None:
             for e in events
         ],
         right={2, 3},
+    )
+
+
+def _print_recoveries(events: list[EventPublic]) -> None:
+    """One row per new generation among ``events``: the fault that started it (``-``: a
+    roll-back or a resize), its detection latency, the restore step, and the seconds from
+    the failure (and from the fault) until the job trained again, from the generation's
+    ``trained_again`` event (``recovering`` until there is one)."""
+    trained = {e.generation: e.detail for e in events if e.kind == "trained_again"}
+    started = [e for e in events if e.kind == "generation_started"]
+    if not started:
+        line("no recoveries")
+        return
+    rows = []
+    for e in started:
+        done = trained.get(e.generation, {})
+        rows.append(
+            [
+                e.generation,
+                e.detail.get("kind"),
+                e.detail.get("failed_ranks"),
+                e.detail.get("detection_s"),
+                e.detail.get("restore_step"),
+                done.get("recovery_s", "recovering"),
+                done.get("fault_to_training_s"),
+            ]
+        )
+    table(
+        ["GEN", "FAULT", "RANKS", "DETECTED S", "RESTORE", "TRAINING AGAIN S", "FAULT->TRAIN S"],
+        rows,
+        right={0, 3, 4, 5, 6},
     )
 
 

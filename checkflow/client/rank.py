@@ -14,25 +14,24 @@ schedule, retries with backoff, logs once, and catches up when it is back.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import socket
 import threading
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import httpx
 from pydantic import ValidationError
 
+from checkflow.client.progress import ProgressReport
 from checkflow.client.transport import Channel, CoordinatorUnavailable, why
 from checkflow.protocol import (
-    MAX_SECONDS,
     Action,
     CheckpointPublic,
     CommitReport,
     FinishRequest,
-    Heartbeat,
     HeartbeatReply,
     JobCreate,
     JobPublic,
@@ -80,6 +79,8 @@ class CoordinatorClient:
         timeout_s: Timeout of each HTTP request.
         heartbeat_timeout_s: Silence after which the coordinator declares a rank failed
             (job setting, used when this call creates the job).
+        hang_timeout_s: Seconds a rank's step may stand still before the coordinator
+            declares it hung (job setting); None: derived from the step times.
         on_abort: Called with the reason when the coordinator says ``abort``. Default:
             log an error line and ``os._exit(ABORT_EXIT_CODE)``.
 
@@ -104,6 +105,7 @@ class CoordinatorClient:
         heartbeat_interval_s: float = 1.0,
         timeout_s: float = 2.0,
         heartbeat_timeout_s: float = 10.0,
+        hang_timeout_s: float | None = None,
         on_abort: Callable[[str], None] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
@@ -121,6 +123,7 @@ class CoordinatorClient:
                 storage_uri=storage_uri or None,
                 max_overhead=max_overhead,
                 heartbeat_timeout_s=heartbeat_timeout_s,
+                hang_timeout_s=hang_timeout_s,
             )
         except ValidationError as e:
             raise ValueError(f"job settings the coordinator would refuse: {e}") from e
@@ -133,7 +136,7 @@ class CoordinatorClient:
         self._beats = Channel(self.url, token, timeout_s)
         self._generation: int | None = None
         self._schedule: Schedule | None = None
-        self._progress: tuple[int, float | None, float | None, float | None] | None = None
+        self._progress = ProgressReport()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._unreachable = False
@@ -173,7 +176,12 @@ class CoordinatorClient:
         persist_s: float | None = None,
     ) -> None:
         """Latest step and measurements, sent with the next heartbeat. Never blocks."""
-        self._progress = (step, iteration_s, stall_s, persist_s)  # one atomic assignment
+        self._progress.update(step, iteration_s, stall_s, persist_s)
+
+    def paused(self) -> AbstractContextManager[None]:
+        """``with client.paused():`` a known pause (eval, a blocking save): its still step
+        is no hang. Nestable, and usable from any thread."""
+        return self._progress.paused()
 
     @property
     def generation(self) -> int | None:
@@ -192,10 +200,10 @@ class CoordinatorClient:
     @property
     def next_checkpoint_step(self) -> int | None:
         """The first checkpoint step after the last step given to :meth:`report_progress`."""
-        s, p = self._schedule, self._progress
+        s, step = self._schedule, self._progress.step
         if s is None:
             return None
-        return s.next_after(p[0] if p is not None else -1)
+        return s.next_after(step if step is not None else -1)
 
     def should_checkpoint(self, step: int) -> bool | None:
         """Whether ``step`` is a checkpoint step of the job; None before any reply."""
@@ -263,7 +271,7 @@ class CoordinatorClient:
         if self._generation is None:
             return
         path = paths.path(paths.FINISH, job=self.job, rank=self.rank)
-        step = None if self._progress is None else max(0, self._progress[0])
+        step = None if self._progress.step is None else max(0, self._progress.step)
         body = FinishRequest(generation=self._generation, step=step)
         try:
             self._reports.call("POST", path, body, RankPublic)
@@ -329,7 +337,8 @@ class CoordinatorClient:
             return
         path = paths.path(paths.RANK_HEARTBEAT, job=self.job, rank=self.rank)
         try:
-            reply = self._beats.call("POST", path, self._heartbeat(), HeartbeatReply)
+            beat = self._progress.heartbeat(self._generation)
+            reply = self._beats.call("POST", path, beat, HeartbeatReply)
         except httpx.HTTPStatusError as e:
             code = e.response.status_code
             if code == 409:
@@ -348,19 +357,6 @@ class CoordinatorClient:
                 f"job {self.job} moved to generation {reply.generation} (this rank is in "
                 f"generation {self._generation}): another rank failed or a rollback was asked"
             )
-
-    def _heartbeat(self) -> Heartbeat:
-        """The next heartbeat: the latest progress, without measurements the coordinator
-        would refuse (a refused heartbeat is a missed one, and misses fail the job)."""
-        assert self._generation is not None
-        step, iteration_s, stall_s, persist_s = self._progress or (0, None, None, None)
-        return Heartbeat(
-            generation=self._generation,
-            step=max(0, step),
-            iteration_s=_measurement(iteration_s),
-            stall_s=_measurement(stall_s),
-            persist_s=_measurement(persist_s),
-        )
 
     def _abort(self, reason: str) -> None:
         self._aborted = True
@@ -390,10 +386,3 @@ class CoordinatorClient:
         if self._unreachable:
             self._unreachable = False
             logger.warning("coordinator %s reachable again (rank %d)", self.url, self.rank)
-
-
-def _measurement(value: float | None) -> float | None:
-    """``value`` if the coordinator accepts it as seconds, else None (not reported)."""
-    if value is None or not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
-        return None
-    return float(value)

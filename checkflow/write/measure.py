@@ -8,10 +8,13 @@ steps with no measurement in flight give the baseline step time.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from checkflow.policy import FrequencyTuner
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -85,3 +88,22 @@ class CostMeter:
         self.tuner.observe_checkpoint(m.stall_s + m.slowdown_s, m.persist_s)
         self._current = None
         return True
+
+    def retune(self) -> int:
+        """After :meth:`step_ended` returned True: the tuner's interval, updated from the
+        measurements so far (a change is logged)."""
+        tuner = self.tuner
+        assert tuner is not None
+        if tuner.update():
+            p = tuner.profile
+            assert p is not None
+            log.info(
+                "checkpoint interval now %d steps (step %.4fs, cost %.4fs, persist %.4fs, "
+                "budget %.1f%%)",
+                tuner.interval,
+                p.iteration_s,
+                p.cost_s,
+                p.persist_s,
+                100 * tuner.max_overhead,
+            )
+        return tuner.interval

@@ -24,6 +24,10 @@ class EventKind(StrEnum):
     RECOVERED = "recovered"
     ROLLBACK_REQUESTED = "rollback_requested"
     INTERVAL_CHANGED = "interval_changed"
+    TRAINED_AGAIN = "trained_again"
+    """After a failure (or roll-back), a rank of the new generation trained past its
+    restore step: the recovery is over. Its detail has the fault kind, detection latency,
+    restore step and the seconds until then."""
 
 
 @dataclass(slots=True)

@@ -99,10 +99,17 @@ def commit(job: Job, step: int, body: CommitReport, now: float) -> tuple[Checkpo
 
 def learn_commits(job: Job, steps: Iterable[int], now: float) -> Changes:
     """Steps found committed on storage (``MANIFEST.json``): storage, not the coordinator,
-    is the source of truth for commits (after a lost database, or while it was down)."""
+    is the source of truth for commits (after a lost database, or while it was down).
+
+    A checkpoint abandoned when the previous generation failed is committed after all if
+    its manifest is there: its commit was written but its report never arrived (the
+    committing rank died). Not after a roll-back, whose abandoned steps stay abandoned.
+    """
     changes = Changes()
     for step in steps:
         ck = job.checkpoints.get(step)
+        if ck is not None and _committed_before_the_failure(job, ck):
+            ck.status = IN_PROGRESS
         if ck is None:
             ck = Checkpoint(
                 step=step,
@@ -120,6 +127,18 @@ def learn_commits(job: Job, steps: Iterable[int], now: float) -> Changes:
         changes.checkpoint(ck)
         changes.committed += 1
     return changes
+
+
+def _committed_before_the_failure(job: Job, ck: Checkpoint) -> bool:
+    """``ck`` was in flight when a failure (not a roll-back or a resize) ended the
+    generation before this one."""
+    failed = job.recovery is not None and job.recovery.kind is not None
+    return (
+        failed
+        and ck.status == ABANDONED
+        and ck.committed_at is None
+        and ck.generation == job.generation - 1
+    )
 
 
 def _part_reply(job: Job, ck: Checkpoint, *, must_commit: bool) -> PartReply:

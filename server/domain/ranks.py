@@ -12,12 +12,15 @@ from collections.abc import Sequence
 
 from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.errors import Conflict, NotFound
-from checkflow_server.domain.generation import declare_failed
+from checkflow_server.domain.generation import declare_failed, silent_for
+from checkflow_server.domain.progress import detect_hangs, note_progress, note_trained
 from checkflow_server.domain.state import Job
 from checkflow_server.domain.views import rank_public, registration, schedule_fields
 
 from checkflow.protocol import (
     Action,
+    FailureReport,
+    FaultKind,
     FinishRequest,
     Heartbeat,
     HeartbeatReply,
@@ -32,6 +35,7 @@ from checkflow.protocol import (
 
 ALIVE = RankState.ALIVE
 CONTINUE, ABORT = Action.CONTINUE, Action.ABORT
+RE_REGISTERED = FaultKind.RE_REGISTERED
 
 
 def check_rank(job: Job, rank: int) -> None:
@@ -55,13 +59,14 @@ def register(
         if body.instance is not None and body.instance == t.instance[rank]:
             t.watch[rank] = now
             return registration(job), changes
-        declare_failed(job, [rank], now, "re-registered after a crash", changes)
+        failure = [(rank, silent_for(job, rank, now))]
+        declare_failed(job, failure, now, RE_REGISTERED, "registered again while alive", changes)
     t.generation[rank] = job.generation
     t.state[rank] = ALIVE
     t.instance[rank] = body.instance
     t.node[rank] = body.node
-    t.registered_at[rank] = t.last_heartbeat[rank] = t.watch[rank] = now
-    t.step[rank] = job.restore_step() or 0
+    t.registered_at[rank] = t.last_heartbeat[rank] = t.watch[rank] = t.progress_at[rank] = now
+    t.step[rank] = t.start_step[rank] = job.restore_step() or 0
     t.forget_measurements(rank)
     changes.rank(rank)
     job.registered += 1
@@ -121,6 +126,8 @@ def record_heartbeats(
             continue
         actions.append(CONTINUE)
         t.last_heartbeat[r] = t.watch[r] = now
+        note_progress(job, r, hb.step, hb.paused, now)
+        note_trained(job, r, hb.step, now, changes)
         t.step[r] = hb.step
         max_step = max(max_step, hb.step)
         if hb.iteration_s is not None:
@@ -154,25 +161,65 @@ def finish(job: Job, rank: int, body: FinishRequest, now: float) -> tuple[RankPu
     return rank_public(job, rank, now), changes
 
 
-def detect(job: Job, now: float) -> Changes:
-    """Declare failed every watched rank silent for longer than the job's timeout."""
+def detect(job: Job, now: float, hang_default_s: float | None = None) -> Changes:
+    """Declare failed every watched rank silent for longer than the job's heartbeat
+    timeout (``silent``), then every rank whose step stood still too long (``hung``, see
+    :func:`.progress.detect_hangs`; ``hang_default_s`` is the coordinator's default hang
+    timeout for jobs without their own)."""
     watch = job.ranks.watch
     deadline = now - job.heartbeat_timeout_s
     changes = Changes()
-    if min(watch, default=math.inf) >= deadline:
-        return changes
-    silent = [r for r, seen in enumerate(watch) if seen < deadline]
-    declare_failed(job, silent, now, "missed heartbeats", changes)
+    if min(watch, default=math.inf) < deadline:
+        silent = [(r, silent_for(job, r, now)) for r, seen in enumerate(watch) if seen < deadline]
+        reason = f"no heartbeat for {job.heartbeat_timeout_s:g} s"
+        declare_failed(job, silent, now, FaultKind.SILENT, reason, changes)
+    if not changes.events:
+        return detect_hangs(job, now, hang_default_s)
     return changes
+
+
+def report_failure(
+    job: Job, rank: int, body: FailureReport, now: float
+) -> tuple[RankPublic, Changes]:
+    """A launcher saw ``rank``'s process exit with an error (``crash``): if the rank is
+    alive in ``body.generation``, it is declared failed now, instead of after the
+    heartbeat timeout; in the current generation the job moves on and the other ranks
+    abort at their next heartbeat. A report about a rank that is no longer alive in that
+    generation (told already, aborted, an older generation) changes nothing: launchers
+    may report late or twice.
+
+    Raises:
+        NotFound: an unknown rank.
+        Conflict: a generation the coordinator never issued.
+    """
+    check_rank(job, rank)
+    if body.generation > job.generation:
+        raise Conflict(
+            f"generation {body.generation} is newer than job {job.name!r}'s generation "
+            f"{job.generation}"
+        )
+    t = job.ranks
+    changes = Changes()
+    if t.state[rank] == ALIVE and t.generation[rank] == body.generation:
+        code = "" if body.exit_code is None else f" with exit code {body.exit_code}"
+        reason = f"its process exited{code}" + (f": {body.detail}" if body.detail else "")
+        failure = [(rank, body.seconds_ago)]
+        declare_failed(job, failure, now, FaultKind.CRASH, reason, changes)
+    return rank_public(job, rank, now), changes
 
 
 def restarted(job: Job, now: float) -> None:
     """The coordinator restarted with this job loaded: every alive rank gets a fresh grace
-    period (the coordinator was down, not the ranks: they could not reach it)."""
+    period, for heartbeats and for progress (the coordinator was down, not the ranks: they
+    could not report)."""
     t = job.ranks
     current = [r for r in range(job.world_size) if t.generation[r] == job.generation]
     for r in range(job.world_size):
         if t.state[r] == ALIVE:
-            t.watch[r] = now
+            t.watch[r] = t.progress_at[r] = now
+            # The step it registered at is not stored. During a recovery it was the
+            # restore step; otherwise the rank gets the warm-up grace again until it
+            # advances (slower to call a hang, never quicker).
+            t.start_step[r] = (job.restore_step() or 0) if job.recovery else t.step[r]
     job.registered = sum(1 for r in current if t.state[r] == ALIVE)
     job.max_step = max([t.step[r] for r in current] + [job.max_step])

@@ -35,6 +35,8 @@ class RankTable:
         "iteration_s",
         "stall_s",
         "persist_s",
+        "progress_at",
+        "start_step",
     )
 
     def __init__(self, world_size: int) -> None:
@@ -50,6 +52,13 @@ class RankTable:
         self.iteration_s = [UNKNOWN] * world_size
         self.stall_s = [UNKNOWN] * world_size
         self.persist_s = [UNKNOWN] * world_size
+        self.progress_at = [math.inf] * world_size
+        """When watched ranks last advanced their step (or said they were paused), +inf
+        for the others: min() = the stillest. In memory only: a restarted coordinator
+        restarts every clock (see :func:`~checkflow_server.domain.ranks.restarted`)."""
+        self.start_step = [0] * world_size
+        """The step a rank registered at (its restore step): until it has trained past it,
+        the rank is restoring, compiling or warming up, and gets the longer hang grace."""
 
     def __len__(self) -> int:
         return len(self.state)
@@ -61,7 +70,7 @@ class RankTable:
     def unwatch(self, rank: int, state: RankState) -> None:
         """``rank`` leaves the alive state: the failure detector stops watching it."""
         self.state[rank] = state
-        self.watch[rank] = math.inf
+        self.watch[rank] = self.progress_at[rank] = math.inf
 
 
 @dataclass(slots=True)
@@ -91,6 +100,21 @@ class Checkpoint:
 
 
 @dataclass(slots=True)
+class Recovery:
+    """What the current generation recovers from, kept until the job trains again."""
+
+    started: float
+    """When the failure was declared (the generation started)."""
+    kind: str | None
+    """The fault kind (:class:`~checkflow.protocol.FaultKind`); None for a roll-back or
+    a resize."""
+    detection_s: float | None
+    """The failure's detection latency (see :func:`..generation.declare_failed`)."""
+    ranks: str
+    """The ranks declared failed, as a short list ("0, 3")."""
+
+
+@dataclass(slots=True)
 class Job:
     id: int
     """The repository's key; 0 until the job is first written."""
@@ -110,6 +134,15 @@ class Job:
     """When the current generation started after a failure, until every rank registered."""
     registered: int = 0
     """Ranks registered in the current generation (recovery completes at world size)."""
+    hang_timeout_s: float | None = None
+    """Seconds a rank's step may stand still before it is hung; None: derived from the
+    step times (:func:`~checkflow_server.domain.progress.hang_timeout`)."""
+    paused_at: float = -math.inf
+    """Last heartbeat of any rank in a known pause (``paused``): every rank's progress
+    clock counts from here at the earliest (the others wait for it in a collective)."""
+    recovery: Recovery | None = None
+    """The failure (or roll-back) the current generation recovers from, until the job
+    trained past its restore step again; None when it has."""
     ranks: RankTable = field(init=False)
     checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
 

@@ -40,6 +40,7 @@ def job_public(job: Job) -> JobPublic:
         storage_uri=job.storage_uri,
         max_overhead=job.max_overhead,
         heartbeat_timeout_s=job.heartbeat_timeout_s,
+        hang_timeout_s=job.hang_timeout_s,
         created=job.created,
         restore_step=job.restore_step(),
         ranks_alive=job.alive_ranks(),

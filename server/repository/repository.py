@@ -7,7 +7,7 @@ import functools
 import sqlite3
 from pathlib import Path
 
-from checkflow_server.domain.changes import Changes
+from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.state import Job
 from checkflow_server.repository import rows
 from checkflow_server.repository.database import Database
@@ -21,6 +21,14 @@ class Repository:
 
     def __init__(self, path: Path | str) -> None:
         self.db = Database(path, rows.SCHEMA)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        """Bring a database of an older coordinator up to :data:`rows.ADDED_COLUMNS`."""
+        for table, column, kind in rows.ADDED_COLUMNS:
+            have = {r["name"] for r in self._rows(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.db.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def start_checkpointer(self) -> None:
         """See :meth:`Database.start_checkpointer`."""
@@ -49,6 +57,10 @@ class Repository:
                     part = rows.part_from_row(part_row)
                     ck.parts[part.rank] = part
             job.checkpoints[ck.step] = ck
+        sql = "SELECT * FROM events WHERE job_id=? AND generation=? AND kind IN (?, ?) ORDER BY id"
+        kinds = (EventKind.GENERATION_STARTED, EventKind.TRAINED_AGAIN)
+        events = self._rows(sql, job.id, job.generation, *kinds)
+        job.recovery = rows.recovery_from_events(job, events)
         return job
 
     def _rows(self, sql: str, *args: object) -> list[sqlite3.Row]:

@@ -11,8 +11,8 @@ import json
 import sqlite3
 from typing import Any
 
-from checkflow_server.domain.changes import Event
-from checkflow_server.domain.state import UNKNOWN, Checkpoint, Job, Part, RankTable
+from checkflow_server.domain.changes import Event, EventKind
+from checkflow_server.domain.state import UNKNOWN, Checkpoint, Job, Part, RankTable, Recovery
 from checkflow_server.domain.views import measured
 
 from checkflow.protocol import (
@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     created REAL NOT NULL, generation INTEGER NOT NULL, generation_started REAL NOT NULL,
     recovering_since REAL, interval INTEGER NOT NULL, anchor INTEGER NOT NULL,
     prev_interval INTEGER, prev_anchor INTEGER, max_step INTEGER NOT NULL,
-    failures INTEGER NOT NULL
+    failures INTEGER NOT NULL, hang_timeout_s REAL
 );
 CREATE TABLE IF NOT EXISTS ranks (
     job_id INTEGER NOT NULL, rank INTEGER NOT NULL, generation INTEGER NOT NULL,
@@ -57,6 +57,10 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
 """
 
+ADDED_COLUMNS = (("jobs", "hang_timeout_s", "REAL"),)
+"""Columns added since the first schema: (table, column, type). A database written by an
+older coordinator gets them (``ALTER TABLE ... ADD COLUMN``, NULL in existing rows)."""
+
 HEARTBEAT_COLUMNS = ("last_heartbeat", "step", "iteration_s", "stall_s", "persist_s", "node")
 """The rank columns a heartbeat changes: the hot path updates only these, with the values
 of :func:`heartbeat_row` (a tuple, not a dict: this runs for every rank every second)."""
@@ -82,6 +86,7 @@ def job_row(job: Job) -> dict[str, Any]:
         "prev_anchor": s.previous_anchor,
         "max_step": job.max_step,
         "failures": job.failures,
+        "hang_timeout_s": job.hang_timeout_s,
     }
 
 
@@ -106,7 +111,23 @@ def job_from_row(row: sqlite3.Row) -> Job:
         max_step=row["max_step"],
         failures=row["failures"],
         recovering_since=row["recovering_since"],
+        hang_timeout_s=row["hang_timeout_s"],
     )
+
+
+def recovery_from_events(job: Job, events: list[sqlite3.Row]) -> Recovery | None:
+    """The recovery still pending in the job's current generation, from its
+    ``generation_started`` and ``trained_again`` events (oldest first): the recovery
+    is not a column of its own because these events already say everything about it."""
+    pending = None
+    for row in events:
+        if row["kind"] == EventKind.TRAINED_AGAIN:
+            pending = None
+        elif row["kind"] == EventKind.GENERATION_STARTED and row["generation"] == job.generation:
+            d = json.loads(row["detail"])
+            kind, ranks = d.get("kind"), d.get("failed_ranks") or ""
+            pending = Recovery(row["time"], kind, d.get("detection_s"), str(ranks))
+    return pending
 
 
 # --- ranks ----------------------------------------------------------------------------

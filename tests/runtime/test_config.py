@@ -33,6 +33,9 @@ def test_defaults_are_valid_and_tune_the_interval():
         ({"storage_options": ["anon"]}, r"storage_options must be a dict"),
         ({"codec": "q3"}, r"unknown codec 'q3'.*valid codecs: .*exact"),
         ({"codec": 3}, r"codec must be a codec name"),
+        ({"hang_timeout": 0}, r"hang_timeout must be seconds in \[0\.1, 1e9\] or None, got 0"),
+        ({"hang_timeout": "1m"}, r"hang_timeout must be .*'1m'"),
+        ({"hang_timeout": True}, r"hang_timeout must be .*True"),
     ],
 )
 def test_a_bad_option_raises_a_value_error_naming_it(kwargs, match):

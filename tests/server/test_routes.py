@@ -185,8 +185,22 @@ def test_reregistration_after_crash_fails_the_job_and_others_abort(client: TestC
         c["step"]: c["status"] for c in client.get("/v1/jobs/j/checkpoints").json()["checkpoints"]
     }
     assert statuses == {10: "committed", 20: "abandoned"}
-    kinds = [e["kind"] for e in client.get("/v1/jobs/j/events").json()["events"]]
-    assert kinds == ["job_created", "rank_failed", "generation_started", "recovered"]
+    events = client.get("/v1/jobs/j/events").json()["events"]
+    kinds = [e["kind"] for e in events]
+    assert kinds == [
+        "job_created",
+        "rank_failed",
+        "generation_started",
+        "recovered",
+        "trained_again",
+    ]
+    assert events[1]["detail"]["kind"] == "re_registered"
+    trained = events[-1]["detail"]
+    assert (trained["fault_kind"], trained["restore_step"], trained["step"]) == (
+        "re_registered",
+        10,
+        11,
+    )
 
 
 def test_same_instance_registering_twice_is_a_retry_not_a_crash(client: TestClient) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from checkflow_server.api.deps import CoordinatorDep
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 
 from checkflow.protocol import (
     MAX_NODE_NAME,
     MAX_RANK,
+    FailureReport,
     FinishRequest,
     Heartbeat,
     HeartbeatReply,
@@ -32,8 +33,10 @@ NodePath = Annotated[
 
 @router.post(paths.REGISTER, summary="Register a (re)started rank")
 async def register(
-    job: str, rank: RankPath, body: RegisterRequest, coordinator: CoordinatorDep
+    job: str, rank: RankPath, body: RegisterRequest, coordinator: CoordinatorDep, request: Request
 ) -> Registration:
+    # The restore point must include commits whose report never arrived (see storage_sync).
+    await request.app.state.storage_sync.before_registration(job)
     return coordinator.register(job, rank, body)
 
 
@@ -56,6 +59,17 @@ async def finish(
     job: str, rank: RankPath, body: FinishRequest, coordinator: CoordinatorDep
 ) -> RankPublic:
     return coordinator.finish(job, rank, body)
+
+
+@router.post(
+    paths.FAILURE,
+    summary="A launcher saw a rank's process fail: declare it failed now (kind crash)",
+)
+async def failure(
+    job: str, rank: RankPath, body: FailureReport, coordinator: CoordinatorDep
+) -> RankPublic:
+    """Idempotent: a rank no longer alive in ``body.generation`` is left as it is (200)."""
+    return coordinator.report_failure(job, rank, body)
 
 
 @router.get(paths.RANKS, summary="Every rank of the job")
