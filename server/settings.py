@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from checkflow.protocol import MAX_SECONDS
@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     """SQLite database holding every job, rank, checkpoint and event."""
     token: str | None = None
     """Bearer token required on every ``/v1`` request; None disables auth (local use only)."""
+    token_file: Path | None = None
+    """A file holding the token (a Docker or Kubernetes secret mounted as a file), read at
+    startup when ``token`` is not given: the token stays out of the environment and argv."""
     detector_period_s: float = Field(default=0.2, gt=0, le=10)
     """How often the failure detector sweeps; detection latency is timeout + this at most."""
     hang_timeout_s: float | None = Field(default=None, ge=0.1, le=MAX_SECONDS)
@@ -42,3 +45,15 @@ class Settings(BaseSettings):
     sync_storage: bool = True
     """List ``<uri>/step-*/MANIFEST.json`` at startup and job creation to learn commits."""
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _read_token_file(self) -> Settings:
+        if self.token is None and self.token_file is not None:
+            try:
+                token = self.token_file.read_text().strip()
+            except OSError as e:
+                raise ValueError(f"token_file {self.token_file}: {e.strerror}") from e
+            if not token:
+                raise ValueError(f"token_file {self.token_file} is empty")
+            self.token = token
+        return self

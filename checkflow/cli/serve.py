@@ -13,7 +13,7 @@ import logging
 from checkflow.cli.arguments import Command
 from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError, line
 
-_SETTINGS = ("host", "port", "db", "token", "hang_timeout_s", "log_level")
+_SETTINGS = ("host", "port", "db", "token", "token_file", "hang_timeout_s", "log_level")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="TCP port (default 8470)")
     parser.add_argument("--db", help="SQLite database (default: ~/.local/share/checkflow/...)")
     parser.add_argument("--token", help="bearer token required on /v1 (default: none)")
+    parser.add_argument(
+        "--token-file", metavar="PATH", help="read the token from this file (a mounted secret)"
+    )
     parser.add_argument(
         "--hang-timeout",
         dest="hang_timeout_s",

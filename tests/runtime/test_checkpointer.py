@@ -278,7 +278,7 @@ def test_every_auto_measures_then_picks_and_reports_an_interval(tmp_path, caplog
 
     state = small_state()
     with (
-        caplog.at_level(logging.INFO, logger="checkflow.checkpointer"),
+        caplog.at_level(logging.INFO, logger="checkflow"),
         Checkpointer(str(tmp_path), state, every="auto", max_overhead=0.05, keep=1) as ck,
     ):
         deadline = time.monotonic() + 120
