@@ -321,6 +321,7 @@ def summarise(tries: list[Try], every: int) -> list[dict[str, Any]]:
                     "worst_s": max(times) if times else None,
                     "within_target": len(within),
                     "target_median_s": median_of([t.target_s for t in cell]),
+                    "relaunch_median_s": median_of([t.timeline.get("relaunch") for t in cell]),
                     "restart_median_s": median_of([t.restart_s for t in cell]),
                     "restore_median_s": median_of([t.restore_s for t in cell]),
                     "redone_median": statistics.median(redone) if redone else None,
@@ -346,12 +347,13 @@ def fmt(v: float | None, unit: str = " s") -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ["fault", "setup", "recovered", "fault → training (median / worst)", "target (median)"]
-    head += ["within target", "restart / restore (median)", "steps redone (median / max)"]
+    head += ["within target", "fault → new workers (median)", "restart / restore (median)"]
+    head += ["steps redone (median / max)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["fault"], r["setup"], f"{r['recovered']}/{r['tries']}"]
         cells += [f"{fmt(r['median_s'])} / {fmt(r['worst_s'])}", fmt(r["target_median_s"])]
-        cells += [f"{r['within_target']}/{r['tries']}"]
+        cells += [f"{r['within_target']}/{r['tries']}", fmt(r["relaunch_median_s"])]
         cells += [f"{fmt(r['restart_median_s'])} / {fmt(r['restore_median_s'])}"]
         cells += [f"{fmt(r['redone_median'], '')} / {fmt(r['redone_max'], '')}"]
         lines.append("| " + " | ".join(cells) + " |")
