@@ -130,6 +130,8 @@ class Checkpointer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and self._client is not None:
+            self._client.exit_if_aborted()  # a peer's abort may be why training failed
         self.close(raise_errors=exc_type is None)
 
     def open(self) -> None:
@@ -180,9 +182,7 @@ class Checkpointer:
             self._persist.close()
             self._snapshotter.close()
             if self._client is not None:
-                if raise_errors:
-                    # A normal exit ends training for this rank: the coordinator must not
-                    # take its silence for a failure.
+                if raise_errors:  # a normal exit: its silence from now on is no failure
                     self._client.finish()
                 self._client.close()
 
@@ -390,7 +390,7 @@ class Checkpointer:
         if self._client is not None:
             self._client.report_progress(self._step, dt, meter.last_cost_s, meter.last_persist_s)
         if meter.step_ended(dt):
-            self.stats.interval = meter.retune()
+            self.stats.interval = meter.retune(log)
 
     def _on_persisted(self, result: RankResult) -> None:
         # Runs on the persist thread, which has counted the result in self.stats.

@@ -229,3 +229,18 @@ def test_a_paused_client_is_not_hung_and_a_still_one_is(server: ThreadServer) ->
         e for e in server.get("/v1/jobs/job/events")["events"] if e["kind"] == "rank_failed"
     ]
     assert failed["detail"]["kind"] == "hung"
+
+
+def test_a_failed_rank_asks_at_once_whether_its_generation_ended(server: ThreadServer) -> None:
+    reasons: list[str] = []
+    with make_client(server.url, on_abort=reasons.append) as c:
+        assert c.register() is not None  # no heartbeat thread: only the explicit question
+        c.exit_if_aborted()
+        assert not reasons  # generation 1 goes on: a real error, left to fail as a crash
+        httpx.post(
+            f"{server.url}/v1/jobs/job/recover",
+            json={},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ).raise_for_status()
+        c.exit_if_aborted()
+        assert len(reasons) == 1 and "moved to generation 2" in reasons[0]

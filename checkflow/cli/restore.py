@@ -136,7 +136,9 @@ def _roll_back(args: argparse.Namespace) -> int:
     where = f"step {target}" if target is not None else "the beginning (nothing committed)"
     line(
         f"job {args.job} rolled back to {where}: generation {reply.generation}; running "
-        "ranks abort on their next heartbeat and the restarted group restores from there"
+        "ranks abort on their next heartbeat (exit 75) and the restarted group restores from "
+        "there (checkflow run restarts them without using one of --max-restarts; plain "
+        "torchrun counts one)"
     )
     return EXIT_OK
 

@@ -70,5 +70,7 @@ COMMAND = Command(
     run,
     description="Launch SCRIPT on every rank like torchrun (same options), restart the "
     "workers on failure with a fresh rendezvous store each time, and export the "
-    "coordinator settings to them. 'checkflow run --help' lists torchrun's options.",
+    "coordinator settings to them. With --coordinator, the agent also reports crashed "
+    "workers and restarts its workers when the job moved on (a fault on another node, a "
+    "roll-back). 'checkflow run --help' lists torchrun's options.",
 )

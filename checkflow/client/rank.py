@@ -278,6 +278,18 @@ class CoordinatorClient:
         except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
             logger.warning("could not tell the coordinator that rank %d finished: %s", self.rank, e)
 
+    def exit_if_aborted(self) -> None:
+        """Training failed: ask the coordinator now whether this rank's generation ended
+        (a peer aborted, which fails this rank's collectives); if so, abort as the heartbeat
+        thread would (``on_abort``: exit 75, restart) instead of failing like a crash.
+        Returns when the coordinator says continue or cannot be reached."""
+        if self._generation is None or self._aborted:
+            return
+        try:
+            self._beat()
+        except CoordinatorUnavailable as e:
+            self._note_unreachable(e)
+
     def close(self) -> None:
         """Stop the heartbeat thread and close connections."""
         self._stop.set()

@@ -31,14 +31,15 @@ class Channel:
         self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
         self._lock = threading.Lock()
 
-    def call(self, method: str, path: str, body: BaseModel, reply: type[Reply]) -> Reply:
-        """Send ``body`` (fields left at None are omitted) and parse the answer as ``reply``.
+    def call(self, method: str, path: str, body: BaseModel | None, reply: type[Reply]) -> Reply:
+        """Send ``body`` (fields left at None are omitted; None: no body, as for a GET) and
+        parse the answer as ``reply``.
 
         Raises:
             CoordinatorUnavailable: no answer, a 5xx, or an answer that is not a ``reply``.
             httpx.HTTPStatusError: the coordinator refused (4xx); see :func:`why`.
         """
-        payload = body.model_dump(mode="json", exclude_none=True)
+        payload = None if body is None else body.model_dump(mode="json", exclude_none=True)
         try:
             with self._lock:
                 response = self._http.request(method, path, json=payload)

@@ -1,14 +1,17 @@
 """Launch a script the way torchrun does, with checkflow's recovery fixes on top.
 
 torchrun's own parts do the work: ``torch.distributed.run``'s options and
-``config_from_args``, ``elastic_launch`` and its ``LocalElasticAgent``. What changes:
+``config_from_args``, and the agent is launched as ``torch.distributed.launcher.api``'s
+``launch_agent`` does. What changes:
 
 - the rendezvous backend is wrapped (:mod:`checkflow.launch.rendezvous`) so every restart
   bootstraps from a fresh store and reconnects;
 - workers that do not exit within ``--shutdown-timeout`` (default :data:`SHUTDOWN_GRACE`
   instead of torch's 30 s) are SIGKILLed: a frozen process never obeys SIGTERM, and a
   restart waits for it;
-- the coordinator settings are exported to the workers (:mod:`checkflow.client.env`).
+- the coordinator settings are exported to the workers (:mod:`checkflow.client.env`);
+- the agent is :class:`~checkflow.launch.agent.CheckflowAgent`, which follows the job at
+  the coordinator, reports crashes to it, and restarts its workers when the job moved on.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import os
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from checkflow.client import env
 from checkflow.client.env import CoordinatorSettings
@@ -47,7 +51,6 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: the workers
             failed more often than ``--max-restarts`` allows.
     """
-    from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args
 
     _resolve_rendezvous(args)
@@ -57,8 +60,102 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
         config.shutdown_timeout = SHUTDOWN_GRACE
     # Workers inherit the agent's environment (torch's SubprocessHandler copies os.environ).
     os.environ.update(coordinator.as_env())
+    # torch's c10d handler keeps, per agent, the shared store of the round it first joined:
+    # an agent that was rank 0 never publishes its address again, so a node that replaces a
+    # dead one waits for it until its read timeout. Off, it bootstraps every round afresh.
+    os.environ[rendezvous.TORCH_SHARED_STORE_OFF] = "1"
     rendezvous.register()
-    elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
+    run_agent(config, cmd, list(cmd_args), coordinator)
+
+
+def run_agent(
+    config: Any, entrypoint: Any, args: list[str], coordinator: CoordinatorSettings
+) -> None:
+    """torch's ``launch_agent`` (``torch.distributed.launcher.api``) with checkflow's agent.
+
+    Args:
+        config: torch's ``LaunchConfig``.
+        entrypoint: the command the workers run (``sys.executable`` for a script).
+        args: its arguments.
+        coordinator: followed by the agent when set.
+
+    Raises:
+        ChildFailedError: the workers failed more often than ``config.max_restarts`` allows.
+    """
+    from torch.distributed.elastic import metrics
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from checkflow.launch.agent import CheckflowAgent
+    from checkflow.launch.watch import CoordinatorWatch
+
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    spec = worker_spec(config, entrypoint, args)
+    watch = CoordinatorWatch(coordinator) if coordinator.url else None
+    agent = CheckflowAgent(
+        spec=spec,
+        logs_specs=config.logs_specs,
+        start_method=config.start_method,
+        log_line_prefix_template=config.log_line_prefix_template,
+        shutdown_timeout=config.shutdown_timeout,
+        watch=watch,
+    )
+    shutdown_rdzv = True
+    try:
+        if watch is not None:
+            watch.start()
+        metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
+        result = agent.run()
+        if result.is_failed():
+            raise ChildFailedError(name=_script(args), failures=result.failures)
+    except SignalException:
+        # Closing the rendezvous here would close it for good: other nodes could not rejoin.
+        shutdown_rdzv = False
+        raise
+    finally:
+        if shutdown_rdzv:
+            spec.rdzv_handler.shutdown()
+        if watch is not None:
+            watch.close()
+
+
+def worker_spec(config: Any, entrypoint: Any, args: list[str]) -> Any:
+    """torch's ``WorkerSpec`` for ``config`` (a ``LaunchConfig``), as ``launch_agent`` builds
+    it, with the rendezvous handler of ``config.rdzv_backend``."""
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    config.run_id = config.run_id or str(uuid.uuid4().int)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    return WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+    )
+
+
+def _script(args: list[str]) -> str:
+    """The script's name among the interpreter's arguments (``-u train.py ...``)."""
+    return next((a for a in args if not a.startswith("-")), "")
 
 
 def _resolve_rendezvous(args: argparse.Namespace) -> None:

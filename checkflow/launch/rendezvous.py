@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 PREFIX = "checkflow-"
 BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 """torch's backends that :func:`register` wraps."""
+TORCH_SHARED_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torch's switch (read by its c10d handler in every round); the launcher sets it to 1."""
+BOOTSTRAP_KEYS = "checkflow/bootstrap"
+"""Prefix of the keys under which rank 0 publishes the workers' store address."""
 _PER_ROUND_STORE = ("c10d", "etcd", "etcd-v2")
 """Backends whose ``next_rendezvous`` store is already prefixed with the round number."""
 
@@ -64,7 +68,12 @@ class FreshStorePerRound(RendezvousHandler):
             store = PrefixStore(f"checkflow/round-{self._round}", store)
         self._round += 1
         # Rank 0 picks a free port and publishes it in this round's keys; all agents read it.
-        bootstrap = RendezvousStoreInfo.build(info.rank, store, local_addr=self._local_addr())
+        # Under keys of our own: torch's c10d handler has already published its shared
+        # store's address under ``MASTER_ADDR``/``MASTER_PORT`` of the same round store, and
+        # another node reading those before rank 0 overwrites them bootstraps elsewhere
+        # (its workers then wait for peers that never come: "1/2 clients joined").
+        keys = PrefixStore(BOOTSTRAP_KEYS, store)
+        bootstrap = RendezvousStoreInfo.build(info.rank, keys, local_addr=self._local_addr())
         logger.info(
             "rendezvous round %d: workers bootstrap from a new store at %s:%d",
             self._round,

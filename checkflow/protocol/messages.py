@@ -176,7 +176,7 @@ class FailureReport(Strict):
 
     generation: Generation = Field(description="The generation the failed process was in.")
     kind: Literal[FaultKind.CRASH] = FaultKind.CRASH
-    exit_code: int | None = Field(default=None, ge=-255, le=255)
+    exit_code: Annotated[int | None, Field(ge=-255, le=255), NoBool] = None
     detail: str = Field(default="", max_length=1024)
     seconds_ago: Seconds = Field(default=0.0, description="How long ago the launcher saw it.")
 

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 from checkflow.policy import FrequencyTuner
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(slots=True)
 class _Measurement:
@@ -89,9 +87,9 @@ class CostMeter:
         self._current = None
         return True
 
-    def retune(self) -> int:
+    def retune(self, log: logging.Logger) -> int:
         """After :meth:`step_ended` returned True: the tuner's interval, updated from the
-        measurements so far (a change is logged)."""
+        measurements so far; a change is logged to ``log`` (the ``Checkpointer``'s)."""
         tuner = self.tuner
         assert tuner is not None
         if tuner.update():

@@ -7,6 +7,10 @@ A fake of torch's static handler (one unprefixed store for every round, as
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import timedelta
+
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 
@@ -62,3 +66,26 @@ def test_each_round_publishes_a_new_worker_store_address_under_its_own_keys():
     # What round 1 writes cannot be read in round 2: the rounds' stores are disjoint.
     first[0].store.set("default_pg/0//cpu//0/1", b"old address")
     assert not second[1].store.check(["default_pg/0//cpu//0/1"])
+
+
+def test_a_node_never_reads_the_shared_store_address_torch_published_in_the_same_round():
+    """torch's c10d handler publishes its shared store under MASTER_ADDR/MASTER_PORT of the
+    round store; a node reading those before rank 0 publishes the fresh store's address
+    would bootstrap elsewhere (seen with two agents: "1/2 clients joined")."""
+    shared = dist.HashStore()
+    shared.set_timeout(timedelta(seconds=10))
+    agent0 = FreshStorePerRound(SameStoreEveryRound(shared, 0), "c10d")
+    agent1 = FreshStorePerRound(SameStoreEveryRound(shared, 1), "c10d")
+    shared.set("MASTER_ADDR", b"torch-shared-store")  # as torch's handler does on rank 0
+    shared.set("MASTER_PORT", b"1111")
+
+    node1: list[RendezvousInfo] = []
+    reader = threading.Thread(target=lambda: node1.append(agent1.next_rendezvous()))
+    reader.start()  # node 1 asks before rank 0 published: it must wait, not read 1111
+    time.sleep(0.2)
+    info0 = agent0.next_rendezvous()
+    reader.join(10)
+
+    (info1,) = node1
+    assert info0.bootstrap_store_info.master_port != 1111
+    assert info1.bootstrap_store_info.master_port == info0.bootstrap_store_info.master_port

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from checkflow.client.env import CoordinatorSettings, coordinator_from_env
+from checkflow.protocol import EventList, paths
+from tests.launch._nodes import create_job
+from tests.support.coordinator import TOKEN, ServerProcess
 
 JOB = Path(__file__).with_name("_ddp_job.py")
 STEPS = 30
@@ -40,7 +43,7 @@ def run_job(tmp_path: Path, *options: str, env: dict[str, str] | None = None) ->
             start_new_session=True,
         )
         try:
-            rc = proc.wait(timeout=90)
+            rc = proc.wait(timeout=240)  # a guard against hangs; minutes only under heavy load
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -77,11 +80,35 @@ def test_sigkilled_rank_restarts_resumes_from_newest_checkpoint_and_finishes(tmp
     first_step_after = min(float(t) for _, k, _, t in lines(out, "step") if k == "1")
     recovery = first_step_after - float(fault[0])
     print(f"fault -> next step: {recovery:.2f} s, resumed at {resumed}")
-    assert 0 < recovery < 30
+    # About 5 s on an idle machine, mostly starting two Python processes with torch; the
+    # bound is loose because other jobs share this machine's CPUs (36 s seen at load 15).
+    # What it rules out is the old failure: restarted ranks hung in init_process_group.
+    assert 0 < recovery < 75
 
     envs = {(r, k): (url, job) for r, k, url, job in lines(out, "env")}
     assert set(envs.values()) == {("http://127.0.0.1:9", "launch-test")}
     assert len(envs) == 4, "both rounds of both ranks got the coordinator settings"
+    # The agent's own look at the unreachable coordinator is logged once and costs nothing.
+    launcher = (tmp_path / "launcher.out").read_text()
+    assert launcher.count("the agent keeps the job running and retries") == 1
+
+
+def test_a_crashed_worker_is_reported_to_the_coordinator_by_its_agent(tmp_path):
+    """Rank 1's SIGKILL reaches the coordinator from the agent (kind crash, its exit code),
+    not after the heartbeat timeout (60 s here, longer than the whole run)."""
+    server = ServerProcess(tmp_path / "coordinator.db")
+    server.start()
+    try:
+        create_job(server.url, TOKEN, "crash-report", 2, heartbeat_timeout_s=60.0)
+        run_job(tmp_path, "--coordinator", server.url, "--job", "crash-report", "--token", TOKEN)
+        with server.http() as http:
+            reply = http.get(paths.path(paths.EVENTS, job="crash-report"))
+    finally:
+        server.stop()
+    events = EventList.model_validate_json(reply.content).events
+    failed = [e for e in events if e.kind == "rank_failed"]
+    assert [(e.rank, e.detail["kind"]) for e in failed] == [(1, "crash")]
+    assert "exit code -9" in str(failed[0].detail["reason"])
 
 
 def test_coordinator_settings_come_from_the_environment_when_not_given():

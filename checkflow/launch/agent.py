@@ -1,0 +1,213 @@
+"""torch's ``LocalElasticAgent`` that owns recovery: it follows the job at the coordinator.
+
+What it adds to torch's monitor step (:meth:`CheckflowAgent._monitor_workers`):
+
+- **A short grace everywhere.** torch stops workers with 30 s between SIGTERM and SIGKILL
+  whatever ``shutdown_timeout`` says (``_stop_workers`` and the process context's close
+  after a failure use their default); a frozen process never obeys SIGTERM, so the
+  restart waited for it. Here every stop uses ``shutdown_timeout``.
+- **Crash reports.** A worker that exits with anything but 0 or
+  :data:`~checkflow.client.ABORT_EXIT_CODE` is reported (``POST`` ``paths.FAILURE``) so
+  the coordinator fails the job now instead of after its heartbeat timeout.
+- **Restarts the coordinator asks for.** When the job moved to a newer generation than
+  the one this round's local workers registered in and they do not exit by themselves
+  within :data:`ABORT_GRACE_S` (frozen, or stuck holding the GIL), the local group is
+  restarted. This restarts a node whose own ranks look healthy when the fault is on
+  another node.
+
+Restart counting (``--max-restarts``): a restart counts when the fault is on this node:
+a worker crashed, or the coordinator declared one of its ranks failed (silent, hung). A
+restart because the workers were told to abort for a fault elsewhere or a rollback does
+not count, as torch does not count the restart of a node that sees another node rejoin.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from checkflow.client.rank import ABORT_EXIT_CODE
+from checkflow.launch import recovery
+from checkflow.launch.watch import CoordinatorWatch, JobView
+from checkflow.protocol import FailureReport
+
+logger = logging.getLogger(__name__)
+
+ABORT_GRACE_S = 3.0
+"""Seconds a worker left behind by the job gets to exit by itself (its heartbeat thread
+exits with the abort code within about a heartbeat interval) before it is restarted."""
+
+
+@dataclass(slots=True)
+class _Round:
+    """One start of the local workers, as the coordinator watch sees it."""
+
+    started: float
+    local_ranks: list[int]
+    marks: dict[int, float | None] | None = None
+    stale_since: float | None = None
+    seen_failed: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+
+class CheckflowAgent(LocalElasticAgent):
+    """``LocalElasticAgent`` plus ``watch``; see the module docstring.
+
+    Args:
+        watch: the job at the coordinator; None when no coordinator is configured (then
+            only the short grace differs from torch).
+        abort_grace_s: see :data:`ABORT_GRACE_S`.
+        *args, **kwargs: ``LocalElasticAgent``'s.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        watch: CoordinatorWatch | None = None,
+        abort_grace_s: float = ABORT_GRACE_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._watch = watch
+        self._abort_grace_s = abort_grace_s
+        self._round = _Round(time.monotonic(), [])
+
+    # --- torch's hooks --------------------------------------------------------------------
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        ids = super()._start_workers(worker_group)
+        self._round = _Round(time.monotonic(), [w.global_rank for w in worker_group.workers])
+        return ids
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._shutdown(timeout=self._shutdown_timeout)
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self._stop_others_after_a_failure(worker_group)
+        result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.FAILED:
+            return self._after_failure(worker_group, result)
+        if result.state == WorkerState.HEALTHY and self._watch is not None:
+            return self._follow_job(worker_group, result)
+        return result
+
+    # --- failures -------------------------------------------------------------------------
+    def _stop_others_after_a_failure(self, worker_group: WorkerGroup) -> None:
+        """Note which workers failed by themselves, then stop the rest with the short grace
+        (torch's process context would give them 30 s)."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", None)
+        if not handlers or self._pcontext is None:
+            return
+        codes = {local: h.proc.poll() for local, h in handlers.items()}
+        now = time.monotonic()
+        for local, code in codes.items():
+            rank = worker_group.workers[local].global_rank
+            if code not in (None, 0) and rank not in self._round.seen_failed:
+                self._round.seen_failed[rank] = (code, now)
+        if self._round.seen_failed and None in codes.values():
+            self._pcontext.close(signal.SIGTERM, self._shutdown_timeout)
+
+    def _after_failure(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        seen = self._round.seen_failed or {
+            rank: (f.exitcode, time.monotonic()) for rank, f in result.failures.items()
+        }
+        crashes = {r: at for r, (code, at) in seen.items() if recovery.is_crash(code)}
+        if self._watch is None:
+            return result
+        for rank, seen_at in crashes.items():
+            self._report_crash(rank, seen[rank][0], seen_at)
+        if crashes or not self._fault_elsewhere():
+            return result  # torch counts it against --max-restarts
+        logger.warning(
+            "checkflow: local workers %s exited with %d (told to abort by the coordinator: "
+            "a fault on another node or a rollback); restarting them without using one of "
+            "--max-restarts",
+            sorted(seen),
+            ABORT_EXIT_CODE,
+        )
+        self._restart_workers(worker_group)
+        return RunResult(state=WorkerState.HEALTHY)
+
+    def _fault_elsewhere(self) -> bool:
+        """Every local failure was an abort and the coordinator blames no local rank."""
+        assert self._watch is not None
+        view = self._watch.refresh()
+        marks = self._marks(view)
+        return view is not None and marks is not None and not recovery.failed_here(view, marks)
+
+    def _report_crash(self, rank: int, code: int, seen_at: float) -> None:
+        assert self._watch is not None
+        view = self._watch.view()
+        if view is None:
+            return  # never reached the coordinator: it cannot know the rank either
+        public = view.ranks.get(rank)
+        report = FailureReport(
+            generation=public.generation if public is not None else view.generation,
+            exit_code=max(-255, min(255, code)),
+            detail=f"seen by the checkflow agent (exit code {code})",
+            seconds_ago=max(0.0, time.monotonic() - seen_at),
+        )
+        self._watch.report_failure(rank, report)
+
+    # --- following the job ----------------------------------------------------------------
+    def _follow_job(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        assert self._watch is not None
+        view = self._watch.view()
+        if self._rdzv_handler.num_nodes_waiting() > 0:
+            # Another node is back at the rendezvous, most likely after the coordinator
+            # failed the job: torch would restart this node next, as a membership change
+            # (not counted). Look now, so that a fault of this node counts as one.
+            view = self._watch.refresh() or view
+        marks = self._marks(view)
+        if view is None or marks is None:
+            return result
+        stale = recovery.stale_ranks(view, marks)
+        r = self._round
+        if not stale.ranks:
+            r.stale_since = None
+            return result
+        now = time.monotonic()
+        r.stale_since = r.stale_since or now
+        if not stale.failed_here and now - r.stale_since < self._abort_grace_s:
+            return result
+        logger.warning(
+            "checkflow: job %s moved to generation %d; local rank(s) %s of an older "
+            "generation are still running%s: restarting the local workers",
+            self._watch.job,
+            view.generation,
+            stale.ranks,
+            " (declared failed)" if stale.failed_here else f" after {now - r.stale_since:.1f} s",
+        )
+        if stale.failed_here:
+            return self._stopped_as_failed(worker_group)  # counts, like a crash
+        self._restart_workers(worker_group)
+        return RunResult(state=WorkerState.HEALTHY)
+
+    def _stopped_as_failed(self, worker_group: WorkerGroup) -> RunResult:
+        """SIGKILL the workers (a rank the coordinator declared failed is frozen or stuck:
+        SIGTERM would only add the grace) and report how each ended."""
+        if self._pcontext is not None:
+            self._pcontext.close(signal.SIGKILL, self._shutdown_timeout)
+        handlers = getattr(self._pcontext, "subprocess_handlers", {})
+        failures = {
+            w.global_rank: ProcessFailure(
+                local_rank=w.local_rank,
+                pid=w.id,
+                exitcode=handlers[w.local_rank].proc.returncode or -signal.SIGKILL,
+                error_file="",
+            )
+            for w in worker_group.workers
+        }
+        return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _marks(self, view: JobView | None) -> dict[int, float | None] | None:
+        """This round's baseline, from the first view asked for after the round began."""
+        r = self._round
+        if r.marks is None and view is not None and view.asked_at >= r.started:
+            r.marks = recovery.baseline(view, r.local_ranks)
+        return r.marks
