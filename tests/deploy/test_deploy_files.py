@@ -140,13 +140,9 @@ def _wait_for_health(url: str, server: subprocess.Popen[str]) -> dict[str, objec
     pytest.fail("the coordinator did not answer /healthz within 30 s")
 
 
-def test_grafana_dashboard_is_json_and_only_plots_metrics_the_coordinator_exposes(tmp_path):
+def exposed_metrics(tmp_path: Path) -> set[tuple[str, str]]:
+    """``(name, type)`` of every metric a real coordinator's ``/metrics`` declares."""
     from tests.support.coordinator import ThreadServer
-
-    dashboard = json.loads((DEPLOY / "grafana" / "checkflow-dashboard.json").read_text())
-    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
-    assert exprs, "the dashboard has no queries"
-    used = {m for e in exprs for m in re.findall(r"\b(checkflow_[a-z_]+)", e)}
 
     server = ThreadServer(tmp_path / "c.db", free_port())
     server.start()
@@ -154,7 +150,16 @@ def test_grafana_dashboard_is_json_and_only_plots_metrics_the_coordinator_expose
         text = httpx.get(f"{server.url}/metrics", timeout=5).text
     finally:
         server.stop()
-    exposed = set(re.findall(r"^# TYPE (checkflow_[a-z_]+) (\w+)", text, re.MULTILINE))
+    return set(re.findall(r"^# TYPE (checkflow_[a-z_]+) (\w+)", text, re.MULTILINE))
+
+
+def test_grafana_dashboard_is_json_and_only_plots_metrics_the_coordinator_exposes(tmp_path):
+    dashboard = json.loads((DEPLOY / "grafana" / "checkflow-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    assert exprs, "the dashboard has no queries"
+    used = {m for e in exprs for m in re.findall(r"\b(checkflow_[a-z_]+)", e)}
+
+    exposed = exposed_metrics(tmp_path)
     names = {name for name, _ in exposed}
     histograms = {name for name, kind in exposed if kind == "histogram"}
     series = names | {f"{h}_{s}" for h in histograms for s in ("bucket", "sum", "count")}
@@ -162,18 +167,10 @@ def test_grafana_dashboard_is_json_and_only_plots_metrics_the_coordinator_expose
 
 
 def test_the_documented_metric_names_are_the_exposed_ones(tmp_path):
-    from tests.support.coordinator import ThreadServer
-
     documented = set(
         re.findall(r"`(checkflow_[a-z_]+)`", (REPO / "docs" / "metrics.md").read_text())
     )
-    server = ThreadServer(tmp_path / "c.db", free_port())
-    server.start()
-    try:
-        text = httpx.get(f"{server.url}/metrics", timeout=5).text
-    finally:
-        server.stop()
-    exposed = set(re.findall(r"^# TYPE (checkflow_[a-z_]+) ", text, re.MULTILINE))
+    exposed = {name for name, _ in exposed_metrics(tmp_path)}
     assert documented == exposed, (
         f"undocumented: {exposed - documented}; gone: {documented - exposed}"
     )
