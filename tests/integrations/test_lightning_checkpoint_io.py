@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning  # noqa: F401 - in the test extra: missing is an error, not a skip
+import lightning.pytorch as pl  # noqa: E402
 import pytest
 import torch
-
-pytest.importorskip("lightning", reason="the lightning extra is not installed")
-
-import lightning.pytorch as pl  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 

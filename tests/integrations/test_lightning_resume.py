@@ -16,13 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning  # noqa: F401 - in the test extra: missing is an error, not a skip
 import pytest
 import torch
+import torchdata  # noqa: F401 - in the test extra: missing is an error, not a skip
 
 from tests.integrations._compare import differing
-
-pytest.importorskip("lightning", reason="the lightning extra is not installed")
-pytest.importorskip("torchdata", reason="the torchdata extra is not installed")
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchdata  # noqa: F401 - in the test extra: missing is an error, not a skip
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 from checkflow import Checkpointer, load
-
-pytest.importorskip("torchdata", reason="the torchdata extra is not installed")
-
-from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

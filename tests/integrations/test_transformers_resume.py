@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 import torch
+import transformers  # noqa: F401 - in the test extra: missing is an error, not a skip
 
 from tests.integrations._compare import differing
-
-pytest.importorskip("transformers", reason="the transformers extra is not installed")
 
 pytestmark = pytest.mark.slow
 
