@@ -8,9 +8,9 @@ order, each worker's place and its generator all resume exactly.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
-from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -23,54 +23,31 @@ from checkflow import Checkpointer, load
 REPO = Path(__file__).resolve().parents[2]
 
 
-class Augmented(torch.utils.data.Dataset):
-    """Sample ``i`` with noise from the dataset's own generator, in the worker loading it.
-
-    The generator is the worker's state: torchdata saves a dataset's ``state_dict()`` in
-    each worker process with the loader's state and loads it back into the new workers.
-    (Noise from the global torch RNG of a worker is not saved: torchdata seeds the
-    workers anew on a restore.)
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.generator = torch.Generator().manual_seed(0)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor]:
-        return i, torch.rand(3, generator=self.generator)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.generator.set_state(state["generator"])
+def _example():
+    """The example's dataset and helpers: the test checks exactly what the example shows."""
+    spec = importlib.util.spec_from_file_location(
+        "stateful_dataloader_example", REPO / "examples" / "stateful_dataloader.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # the loader's worker processes look classes up by name
+    spec.loader.exec_module(module)
+    return module
 
 
-def _seed_worker(worker_id: int) -> None:
-    """Each worker draws its own noise."""
-    info = torch.utils.data.get_worker_info()
-    assert info is not None
-    info.dataset.generator.manual_seed(1000 + worker_id)
+example = _example()
 
 
 def _loader() -> StatefulDataLoader:
+    """24 samples in batches of 4: 6 batches per epoch."""
     return StatefulDataLoader(
-        Augmented(24), batch_size=4, shuffle=True, num_workers=2, worker_init_fn=_seed_worker,
-        generator=torch.Generator().manual_seed(0),
+        example.Augmented(24), batch_size=4, shuffle=True, num_workers=2,
+        worker_init_fn=example._seed_worker, generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
 
 
-def _take(stream, n: int) -> list[tuple[list[int], bytes]]:
-    return [(idx.tolist(), noise.numpy().tobytes()) for idx, noise in islice(stream, n)]
-
-
-def _stream(loader: StatefulDataLoader):
-    """The loader's batches, epoch after epoch (each epoch is a new ``iter(loader)``)."""
-    while True:
-        yield from loader
+_take = example.batches
+_stream = example.epochs
 
 
 @pytest.mark.slow
