@@ -139,7 +139,7 @@ function timeline(cks) {
   const barW = Math.max(3, Math.min(14, (width - 2 * pad) / cks.length - 2));
   plot.append(svg("line", { x1: pad, x2: width - pad, y1: height - pad, y2: height - pad, stroke: "#888" }));
   for (const c of cks) {
-    const h = 6 + (c.nbytes / maxBytes) * (height - pad - 16);
+    const h = 6 + (c.nbytes / maxBytes) * (height - pad - 26);
     const bar = svg("rect", { x: x(c.step) - barW / 2, y: height - pad - h, width: barW, height: h,
       fill: STATUS_COLOR[c.status] || "#555", "data-step": c.step, "data-status": c.status });
     bar.append(svg("title", {}, `step ${c.step}: ${c.status.replace("_", " ")}, ` +
@@ -148,7 +148,8 @@ function timeline(cks) {
   }
   plot.append(svg("text", { x: pad, y: height - 10, class: "tick" }, `step ${lo}`));
   plot.append(svg("text", { x: width - pad, y: height - 10, class: "tick", "text-anchor": "end" }, `step ${hi}`));
-  plot.append(svg("text", { x: pad, y: 12, class: "tick" }, `bar height: bytes (max ${bytes(maxBytes)})`));
+  plot.append(svg("text", { x: width - pad, y: 13, class: "tick", "text-anchor": "end" },
+    `bar height: size (largest ${bytes(maxBytes)})`));
   return plot;
 }
 
@@ -212,11 +213,15 @@ function renderRecoveries(events) {
       "restore step", "time to recover", "fault → training"], rows, { id: "recoveries-table" })
     : el("p", { class: "muted" }, "No failures or recoveries."));
   const failed = events.filter((e) => e.kind === "rank_failed").reverse().slice(0, 50);
-  fill("failures", failed.length ? table(
+  if (!failed.length) {
+    fill("failures");
+    return;
+  }
+  fill("failures", el("h4", {}, "Ranks declared failed"), table(
     ["time", "rank", "fault", "detection latency", "at step", "reason"],
     failed.map((e) => ({ attrs: { "data-rank": e.rank }, cells: [clock(e.time), e.rank,
       e.detail.kind, secs(e.detail.detection_s), e.detail.step, e.detail.reason] })),
-    { id: "failures-table" }) : "");
+    { id: "failures-table" }));
 }
 
 // ---- Plots ------------------------------------------------------------------------------

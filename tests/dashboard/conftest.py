@@ -1,0 +1,65 @@
+"""Fixtures of the dashboard tests: a real coordinator (``checkflow serve`` in a subprocess,
+with a token) and a fresh headless Chromium per test, driven by Playwright.
+
+The browser is Debian's ``chromium`` (``.ci/run`` installs it): Playwright's own browser
+download is never used, and the flags keep Chromium off the network (this machine has
+none; without them its background connections are refused and slow it down).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import BrowserContext, sync_playwright
+
+from tests.support.coordinator import ServerProcess
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    # Retune often, so that the interval plot has changes within a test.
+    s = ServerProcess(tmp_path / "coordinator.db", CHECKFLOW_RETUNE_PERIOD_S="0.1")
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[BrowserContext]:
+    """A new Chromium with an empty profile (no cookies): one browser per test."""
+    if not CHROMIUM.exists():
+        why = (
+            f"the dashboard tests need Debian's chromium at {CHROMIUM}: "
+            "run `apt-get install chromium` (.ci/run does it on CI)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        context.set_default_timeout(15_000)
+        try:
+            yield context
+        finally:
+            context.close()
