@@ -15,8 +15,8 @@ from checkflow.protocol import (
     HeartbeatReply,
     PartReply,
     PartReport,
-    Registration,
     RegisterRequest,
+    Registration,
     paths,
 )
 
