@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import BrowserContext, sync_playwright
+from playwright.sync_api import BrowserContext, Playwright, sync_playwright
 
 from tests.support.coordinator import ServerProcess
 
@@ -30,18 +30,19 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    # Retune often, so that the interval plot has changes within a test.
-    s = ServerProcess(tmp_path / "coordinator.db", CHECKFLOW_RETUNE_PERIOD_S="0.1")
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One coordinator for the module (it takes seconds to start); each test makes its own
+    job. It retunes often, so that the interval plot has changes within a test."""
+    db = tmp_path_factory.mktemp("dashboard") / "coordinator.db"
+    s = ServerProcess(db, CHECKFLOW_RETUNE_PERIOD_S="0.1")
     s.start()
     yield s
     s.stop()
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[BrowserContext]:
-    """A new Chromium with an empty profile (no cookies): one browser per test."""
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
     if not CHROMIUM.exists():
         why = (
             f"the dashboard tests need Debian's chromium at {CHROMIUM}: "
@@ -51,15 +52,21 @@ def browser(tmp_path: Path) -> Iterator[BrowserContext]:
             pytest.fail(why)
         pytest.skip(why)
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 900},
-        )
-        context.set_default_timeout(15_000)
-        try:
-            yield context
-        finally:
-            context.close()
+        yield p
+
+
+@pytest.fixture
+def browser(playwright: Playwright, tmp_path: Path) -> Iterator[BrowserContext]:
+    """A new Chromium with an empty profile (no cookies): one browser per test."""
+    context = playwright.chromium.launch_persistent_context(
+        str(tmp_path / "chromium-profile"),
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=CHROMIUM_ARGS,
+        viewport={"width": 1280, "height": 900},
+    )
+    context.set_default_timeout(15_000)
+    try:
+        yield context
+    finally:
+        context.close()

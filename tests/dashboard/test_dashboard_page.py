@@ -53,6 +53,9 @@ def test_form_sign_in_shows_the_job_made_through_the_api_and_a_commit_appears_li
 
     row = page.locator('#jobs-table tr[data-job="run-1"]')
     expect(row).to_contain_text("run-1")
+    row.get_by_role("link", name="run-1").click()  # other tests' jobs share the coordinator
+    expect(page.locator("#job-name")).to_have_text("run-1")
+    assert page.url == server.url + "/#job=run-1"
     (cookie,) = [c for c in browser.cookies() if c["name"] == SESSION]
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert TOKEN not in cookie["value"]

@@ -6,12 +6,16 @@
 const POLL_MS = 2000;
 const MAX_RANKS_SHOWN = 512;
 const MAX_SAMPLES = 600;
+// Every rank's row is one request: poll a large job's ranks less often.
+const BIG_JOB = 1024;
+const BIG_JOB_RANKS_EVERY_MS = 30000;
 
 const state = {
   jobs: [],
   selected: null,
   events: new Map(), // job -> its events so far, oldest first
   overhead: new Map(), // job -> [{t, v}] measured from the ranks at each poll
+  ranks: new Map(), // job -> {at, ranks}: the last rank list read
 };
 
 // ---- API --------------------------------------------------------------------------------
@@ -296,14 +300,24 @@ function sampleOverhead(job, ranks, now) {
 
 // ---- One job, the loop --------------------------------------------------------------------
 
+async function ranksOf(job) {
+  const last = state.ranks.get(job.name);
+  if (last && job.world_size > BIG_JOB && Date.now() - last.at < BIG_JOB_RANKS_EVERY_MS) {
+    return { ranks: last.ranks, fresh: false };
+  }
+  const { ranks } = await api(`${jobPath(job.name)}/ranks`);
+  state.ranks.set(job.name, { at: Date.now(), ranks });
+  return { ranks, fresh: true };
+}
+
 async function renderJob(job) {
-  const [cks, ranks, events] = await Promise.all([
+  const [cks, { ranks, fresh }, events] = await Promise.all([
     api(`${jobPath(job.name)}/checkpoints?limit=200`).then((r) => r.checkpoints),
-    api(`${jobPath(job.name)}/ranks`).then((r) => r.ranks),
+    ranksOf(job),
     newEvents(job.name),
   ]);
   const now = Date.now() / 1000;
-  sampleOverhead(job, ranks, now);
+  if (fresh) sampleOverhead(job, ranks, now);
   document.getElementById("job").hidden = false;
   fill("job-name", job.name);
   const badge = document.getElementById("job-state");
