@@ -17,7 +17,8 @@ from playwright.sync_api import BrowserContext, Playwright, sync_playwright
 
 from tests.support.coordinator import ServerProcess
 
-CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM = Path(os.environ.get("CHECKFLOW_CHROMIUM", "/usr/bin/chromium"))
+"""Debian's chromium; another build of Chromium with ``CHECKFLOW_CHROMIUM``."""
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
