@@ -31,6 +31,20 @@ WARM_ENV = "CHECKFLOW_WARM_START"
 became the worker (the process itself is older: for logs and start-up timings)."""
 
 
+SPARE_NAME = "checkflow-spare"
+"""The process name (``/proc/PID/comm``, what ``ps -o comm`` and ``top`` show) of a spare
+while it waits; as a worker it takes its script's name."""
+
+
+def set_process_name(name: str) -> None:
+    """Linux's process name (15 bytes at most); elsewhere nothing."""
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name[:15])
+    except OSError:
+        pass
+
+
 def redirect(path: str | None, fd: int) -> None:
     """Point ``fd`` at ``path`` (appended: torch's agent already created it), if given."""
     if not path:
@@ -51,6 +65,7 @@ def become(job: dict[str, Any]) -> None:
     redirect(job.get("stdout"), 1)
     redirect(job.get("stderr"), 2)
     argv: list[str] = job["argv"]
+    set_process_name(os.path.basename(argv[1] if argv[0] == "-m" else argv[0]))
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         sys.path[0] = os.getcwd()
@@ -62,6 +77,7 @@ def become(job: dict[str, Any]) -> None:
 
 
 def main(ready_fd: int, modules: list[str]) -> None:
+    set_process_name(SPARE_NAME)
     for name in modules:
         importlib.import_module(name)
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from checkflow.launch.warm import WarmPool, usable
+from checkflow.launch.warmstart import SPARE_NAME
 
 ENV = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1", "RANK": "0", "MASTER_PORT": "1234"}
 
@@ -45,6 +46,7 @@ import os, sys
 print("argv", sys.argv)
 print("rank", os.environ["RANK"], "warm", "CHECKFLOW_WARM_START" in os.environ)
 print("json loaded before the script", "json" in sys.modules)
+print("name", open("/proc/self/comm").read().strip())
 print("to stderr", file=sys.stderr)
 sys.exit(3)
 """
@@ -71,6 +73,8 @@ def test_a_spare_becomes_the_worker_with_its_argv_env_log_files_and_exit_code(tm
     out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
     out.touch()
     err.touch()
+    spare = pool._spares[0].proc
+    assert Path(f"/proc/{spare.pid}/comm").read_text().strip() == SPARE_NAME
     try:
         command = (sys.executable, "-u", str(script), "--x", "1")
         proc = pool.take(0, command, {**env, "RANK": "7"}, {"stdout": str(out), "stderr": str(err)})
@@ -83,6 +87,7 @@ def test_a_spare_becomes_the_worker_with_its_argv_env_log_files_and_exit_code(tm
         f"argv [{str(script)!r}, '--x', '1']",
         "rank 7 warm True",
         "json loaded before the script True",
+        "name worker.py",
     ]
     assert err.read_text() == "to stderr\n"
     assert pool.warm_starts == 1
