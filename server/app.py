@@ -14,6 +14,7 @@ from checkflow_server.api.fastpath import HeartbeatFastPath
 from checkflow_server.api.routes import checkpoints, health, jobs, ranks
 from checkflow_server.detector import run_detector
 from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.flush import run_heartbeat_flush
 from checkflow_server.repository import Repository
 from checkflow_server.service import Coordinator
 from checkflow_server.settings import Settings
@@ -43,7 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings or Settings()
     coordinator = Coordinator(
-        Repository(settings.db),
+        Repository(settings.db, batch_heartbeats=settings.heartbeat_flush_s > 0),
         warmup_interval=settings.warmup_interval,
         hang_timeout_s=settings.hang_timeout_s,
     )
@@ -82,6 +83,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         coordinator, period_s=settings.detector_period_s, retune_period_s=settings.retune_period_s
     )
     background.add(asyncio.create_task(detector))
+    if settings.heartbeat_flush_s > 0:
+        flush = run_heartbeat_flush(coordinator.repository, settings.heartbeat_flush_s)
+        background.add(asyncio.create_task(flush))
     for name in list(coordinator.jobs):
         app.state.storage_sync.schedule(name)
     # Everything loaded so far lives as long as the process: keep the collector off it,
