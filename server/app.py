@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from checkflow_server.api.deps import require_token, token_ok
 from checkflow_server.api.fastpath import HeartbeatFastPath
+from checkflow_server.api.fastproto import heartbeat_protocol
 from checkflow_server.api.routes import checkpoints, health, jobs, ranks
 from checkflow_server.detector import run_detector
 from checkflow_server.domain.errors import Conflict, NotFound
@@ -67,6 +68,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(v1)
     app.include_router(health.router)
     app.add_middleware(HeartbeatFastPath, coordinator=coordinator, token=settings.token)
+    # For ``checkflow serve``: uvicorn's protocol answering heartbeats without an ASGI task.
+    fast = HeartbeatFastPath(None, coordinator, settings.token)
+    app.state.http_protocol = heartbeat_protocol(fast) if settings.fast_protocol else None
     _add_error_handlers(app)
     return app
 

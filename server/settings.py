@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     """Heartbeat fields are written to SQLite in one commit this often instead of one per
     heartbeat (0: one per heartbeat). What a SIGKILL can lose of them is harmless: see
     ``Repository.save``."""
+    fast_protocol: bool = True
+    """``checkflow serve`` answers accepted heartbeats inside uvicorn's HTTP parser
+    (``api/fastproto.py``); False: every request goes through ASGI (a fallback, and the
+    baseline of ``benchmarks/coordinator.py``)."""
     retune_period_s: float = Field(default=1.0, gt=0, le=60)
     """How often each job's checkpoint interval is recomputed from the ranks' reports."""
     warmup_interval: int = Field(default=10, ge=1)
