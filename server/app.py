@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 
 from checkflow_server.api.deps import require_token, token_ok
 from checkflow_server.api.fastpath import HeartbeatFastPath
+from checkflow_server.api.fastproto import heartbeat_protocol
 from checkflow_server.api.routes import checkpoints, health, jobs, ranks
 from checkflow_server.dashboard import routes as dashboard
 from checkflow_server.detector import run_detector
 from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.flush import run_heartbeat_flush
 from checkflow_server.repository import Repository
 from checkflow_server.service import Coordinator
 from checkflow_server.settings import Settings
@@ -44,7 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings or Settings()
     coordinator = Coordinator(
-        Repository(settings.db),
+        Repository(settings.db, batch_heartbeats=settings.heartbeat_flush_s > 0),
         warmup_interval=settings.warmup_interval,
         hang_timeout_s=settings.hang_timeout_s,
     )
@@ -68,6 +70,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(dashboard.router)
     app.add_middleware(HeartbeatFastPath, coordinator=coordinator, token=settings.token)
+    # For ``checkflow serve``: uvicorn's protocol answering heartbeats without an ASGI task.
+    fast = HeartbeatFastPath(None, coordinator, settings.token)
+    app.state.http_protocol = heartbeat_protocol(fast) if settings.fast_protocol else None
     _add_error_handlers(app)
     return app
 
@@ -84,6 +89,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         coordinator, period_s=settings.detector_period_s, retune_period_s=settings.retune_period_s
     )
     background.add(asyncio.create_task(detector))
+    if settings.heartbeat_flush_s > 0:
+        flush = run_heartbeat_flush(coordinator.repository, settings.heartbeat_flush_s)
+        background.add(asyncio.create_task(flush))
     for name in list(coordinator.jobs):
         app.state.storage_sync.schedule(name)
     # Everything loaded so far lives as long as the process: keep the collector off it,

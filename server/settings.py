@@ -38,6 +38,14 @@ class Settings(BaseSettings):
     hang_timeout_s: float | None = Field(default=None, ge=0.1, le=MAX_SECONDS)
     """Hang timeout of jobs that set none: a rank whose step stands still this long is
     hung. None: derived from each job's step times (see ``domain/progress.py``)."""
+    heartbeat_flush_s: float = Field(default=0.05, ge=0, le=1)
+    """Heartbeat fields are written to SQLite in one commit this often instead of one per
+    heartbeat (0: one per heartbeat). What a SIGKILL can lose of them is harmless: see
+    ``Repository.save``."""
+    fast_protocol: bool = True
+    """``checkflow serve`` answers accepted heartbeats inside uvicorn's HTTP parser
+    (``api/fastproto.py``); False: every request goes through ASGI (a fallback, and the
+    baseline of ``benchmarks/coordinator.py``)."""
     retune_period_s: float = Field(default=1.0, gt=0, le=60)
     """How often each job's checkpoint interval is recomputed from the ranks' reports."""
     warmup_interval: int = Field(default=10, ge=1)

@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=1,
         loop=_pick("uvloop", "auto"),
-        http=_pick("httptools", "auto"),
+        # The coordinator's own httptools protocol when it has one (heartbeats answered
+        # without an ASGI task per request: see server/api/fastproto.py).
+        http=getattr(app.state, "http_protocol", None) or _pick("httptools", "auto"),
         log_level=settings.log_level,
         access_log=False,
     )

@@ -112,12 +112,15 @@ class NativeKernel:
             fn.argtypes = [_P, _P, _I64, _I64]
             fn.restype = None
 
-    def shuffle(self, raw: torch.Tensor, itemsize: int, inverse: bool = False) -> torch.Tensor:
-        """Byte-shuffle (or un-shuffle) a flat uint8 tensor of ``itemsize``-byte elements."""
-        out = fresh(raw.numel(), torch.uint8)
-        if raw.numel():
+    def shuffle(
+        self, raw: torch.Tensor | np.ndarray, itemsize: int, inverse: bool = False
+    ) -> torch.Tensor:
+        """Byte-shuffle (or un-shuffle) flat uint8 bytes of ``itemsize``-byte elements (a
+        tensor, or a numpy array, which may be read-only: it is only read)."""
+        out = fresh(raw.nbytes, torch.uint8)
+        if raw.nbytes:
             fn = self._unshuffle if inverse else self._shuffle
-            fn(_ptr(raw), _ptr(out), raw.numel() // itemsize, itemsize)
+            fn(_ptr(raw), _ptr(out), raw.nbytes // itemsize, itemsize)
         return out
 
     def supports(self, dtype: torch.dtype) -> bool:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import zstandard
 
+from checkflow.codec import _native
 from checkflow.codec.base import (
     Buffer,
     Codec,
@@ -35,9 +36,20 @@ def shuffle_bytes(x: torch.Tensor) -> memoryview:
 
 
 def unshuffle_bytes(data: Buffer, itemsize: int) -> memoryview:
+    """The inverse of :func:`shuffle_bytes`, into a fresh writable buffer.
+
+    The compiled kernel does it at memory speed (numpy's strided copy runs at ~170 MB/s, the
+    bottleneck of a zstd restore); numpy is the fallback without a C compiler.
+    """
     flat: Any = np.frombuffer(data, dtype=np.uint8)
     if itemsize == 1 or flat.size == 0:
         return memoryview(flat).cast("B")
+    if flat.size % itemsize:
+        raise CodecError(f"zstd data holds {flat.size} bytes, not whole {itemsize}-byte items")
+    kernel = _native.load()
+    if kernel is not None:
+        unshuffled: Any = kernel.shuffle(flat, itemsize, inverse=True).numpy()
+        return memoryview(unshuffled).cast("B")
     out = np.empty((flat.size // itemsize, itemsize), dtype=np.uint8)
     out[:] = flat.reshape(itemsize, -1).T
     result: Any = out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +35,7 @@ from checkflow.read.errors import (
     NoCheckpointError,
     UntrustedCheckpointError,
 )
-from checkflow.read.plan import Part, plan_box
+from checkflow.read.plan import Part, ReadItem, plan_box
 from checkflow.state import iter_refs, unflatten
 from checkflow.storage import Storage, StorageError
 from checkflow.types import Buffer
@@ -62,6 +63,9 @@ class CheckpointReader:
         self.trust = trust
         self._globals: dict[int, mf.GlobalManifest] = {}
         self._ranks: dict[tuple[int, int], mf.RankManifest] = {}
+        self._boxes: dict[tuple[int, int], dict[tuple[str, tuple[int, ...]], mf.ChunkEntry]] = {}
+        # Chunks decode on several threads; each follows its delta chain through the caches.
+        self._lock = threading.Lock()
 
     # -- manifests -------------------------------------------------------------------------
     def manifest(self, step: int) -> mf.GlobalManifest:
@@ -147,9 +151,11 @@ class CheckpointReader:
                 mf.MANIFEST,
                 "the base of a delta is not committed (was it deleted?)",
             ) from None
-        for c in base.chunks:
-            if c.fqn == entry.fqn and c.offset == entry.offset:
-                return c
+        found = self._chunk_by_box(entry.base_step, rank, base).get(
+            (entry.fqn, tuple(entry.offset))
+        )
+        if found is not None:
+            return found
         raise CorruptCheckpointError(
             entry.base_step,
             rank,
@@ -157,6 +163,18 @@ class CheckpointReader:
             mf.rank_manifest_name(rank),
             "the base of a delta has no matching chunk",
         )
+
+    def _chunk_by_box(
+        self, step: int, rank: int, rm: mf.RankManifest
+    ) -> dict[tuple[str, tuple[int, ...]], mf.ChunkEntry]:
+        """``rm``'s chunks by (tensor, offset), built once per manifest: every chunk of a
+        delta looks up its base here (a scan per chunk is quadratic in the chunks)."""
+        key = (step, rank)
+        if key not in self._boxes:
+            with self._lock:
+                if key not in self._boxes:
+                    self._boxes[key] = {(c.fqn, tuple(c.offset)): c for c in rm.chunks}
+        return self._boxes[key]
 
     def skeleton(self, step: int, rank: int = 0, *, opaque: bool = False) -> Any:
         """``rank``'s ``{name: state_dict}`` with ``TensorRef`` leaves.
@@ -234,6 +252,10 @@ class CheckpointReader:
         jobs = [(item.rank, item.chunk) for plan in plans.values() for item in plan.items]
         decoded = self._prefetch(step, jobs)
         return {fqn: assemble(plan, decoded) for fqn, plan in plans.items()}
+
+    def decode_parts(self, step: int, items: Iterable[ReadItem]) -> Iterator[torch.Tensor]:
+        """The decoded chunk of each read item, in order, several decoded at once."""
+        return self._prefetch(step, [(item.rank, item.chunk) for item in items])
 
     def _prefetch(self, step: int, jobs: list[tuple[int, mf.ChunkEntry]]) -> Iterator[torch.Tensor]:
         """Decoded chunks in ``jobs`` order; a few are read ahead on threads so that reads,

@@ -17,7 +17,7 @@ import torch
 from checkflow import tree
 from checkflow.parallel.sharding import Layout, LiveState, layout_box, to_dtensor
 from checkflow.read.assemble import assemble
-from checkflow.read.plan import Part, plan_box
+from checkflow.read.plan import BoxPlan, Part, plan_box
 from checkflow.read.reader import CheckpointReader
 from checkflow.state import iter_refs, unflatten
 
@@ -39,14 +39,12 @@ def read_box(
     return assemble(plan, (reader.chunk(step, item.rank, item.chunk) for item in plan.items))
 
 
-def _read_tensor(
-    reader: CheckpointReader, step: int, parts: list[Part], layout: Layout | None
-) -> Any:
-    gshape = tuple(parts[0][1].global_shape)
+def _plan_tensor(step: int, parts: list[Part], layout: Layout | None) -> BoxPlan:
+    """What a rank reads of one tensor: all of it, or the box of its DTensor shard."""
     if layout is None:
-        return read_box(reader, step, parts)
-    offset, shape = layout_box(layout, gshape)
-    return to_dtensor(read_box(reader, step, parts, offset, shape), layout, gshape)
+        return plan_box(step, parts)
+    offset, shape = layout_box(layout, tuple(parts[0][1].global_shape))
+    return plan_box(step, parts, offset, shape)
 
 
 def read_state_dicts(
@@ -71,13 +69,22 @@ def read_state_dicts(
         if isinstance(held, Mapping) and keys != held.keys():
             skeleton[name] = _gather_module(reader, step, world, name, keys)
     index = reader.chunk_index(step)
-    tensors: dict[str, torch.Tensor] = {}
+    plans: dict[str, tuple[BoxPlan, Layout | None]] = {}
     for fqn in iter_refs(skeleton):
         if fqn not in index:
             raise KeyError(f"step {step} has no tensor {fqn!r}")
         parts = index[fqn]
         layout = live.layout_for(fqn, parts[0][1].global_shape)
-        tensors[fqn] = _read_tensor(reader, step, parts, layout)
+        plans[fqn] = (_plan_tensor(step, parts, layout), layout)
+    # Every chunk of every tensor in one stream, so that the reader decodes several at once
+    # on its threads (reads, checksums and decoders release the GIL).
+    decoded = reader.decode_parts(step, [it for plan, _ in plans.values() for it in plan.items])
+    tensors: dict[str, Any] = {}
+    for fqn, (plan, layout) in plans.items():
+        box = assemble(plan, decoded)
+        tensors[fqn] = (
+            box if layout is None else to_dtensor(box, layout, tuple(plan.first[1].global_shape))
+        )
     return unflatten(skeleton, tensors)
 
 

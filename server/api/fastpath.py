@@ -34,26 +34,34 @@ _NODE_PATH = paths.pattern(paths.NODE_HEARTBEAT)
 _MAX_BODY = 1 << 20
 
 
+def heartbeat_target(path: str) -> tuple[bool, str, str] | None:
+    """(one rank?, job, rank or node) when ``path`` is a heartbeat's; None otherwise."""
+    m = _RANK_PATH.match(path) or _NODE_PATH.match(path)
+    if m is None:
+        return None
+    job, who = m.groups()
+    return m.re is _RANK_PATH, job, who
+
+
 class HeartbeatFastPath:
     """ASGI middleware answering accepted heartbeats directly (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, coordinator: Coordinator, token: str | None) -> None:
+    def __init__(self, app: ASGIApp | None, coordinator: Coordinator, token: str | None) -> None:
+        """``app``: the ASGI app behind this middleware (None: only :meth:`serve` is used)."""
         self.app = app
         self.coordinator = coordinator
         self.expected = None if token is None else f"Bearer {token}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
-        path = scope["path"]
-        m = _RANK_PATH.match(path) or _NODE_PATH.match(path)
-        if m is None or not self._acceptable_headers(scope):
-            return await self.app(scope, receive, send)
-        job, who = m.groups()
+            return await self._next(scope, receive, send)
+        target = heartbeat_target(scope["path"])
+        if target is None or not self._acceptable_headers(scope):
+            return await self._next(scope, receive, send)
         body = await _read_body(receive)
-        reply = None if body is None else self._serve(m.re is _RANK_PATH, job, who, body)
+        reply = None if body is None else self.serve(*target, body)
         if reply is None:
-            return await self.app(scope, _replay(body or b"", receive), send)
+            return await self._next(scope, _replay(body or b"", receive), send)
         payload = reply.model_dump_json().encode()
         await send(
             {
@@ -67,9 +75,17 @@ class HeartbeatFastPath:
         )
         await send({"type": "http.response.body", "body": payload})
 
+    async def _next(self, scope: Scope, receive: Receive, send: Send) -> None:
+        assert self.app is not None, "HeartbeatFastPath(None, ...) is not an ASGI middleware"
+        await self.app(scope, receive, send)
+
     def _acceptable_headers(self, scope: Scope) -> bool:
+        return self.acceptable(scope["headers"])
+
+    def acceptable(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """JSON, and the token when one is required (anything else goes to FastAPI)."""
         auth = ctype = None
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"authorization":
                 auth = value
             elif name == b"content-type":
@@ -80,7 +96,7 @@ class HeartbeatFastPath:
             return True
         return auth is not None and hmac.compare_digest(auth, self.expected)
 
-    def _serve(self, one_rank: bool, job: str, who: str, body: bytes) -> BaseModel | None:
+    def serve(self, one_rank: bool, job: str, who: str, body: bytes) -> BaseModel | None:
         """The reply of an accepted heartbeat; None: let FastAPI answer (it will refuse)."""
         try:
             if one_rank:

@@ -19,9 +19,12 @@ class Repository:
     """The coordinator's state in SQLite; the in-memory state is loaded from here at
     startup and written through, one transaction per decision."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, batch_heartbeats: bool = False) -> None:
         self.db = Database(path, rows.SCHEMA)
         self._add_columns()
+        self.batch_heartbeats = batch_heartbeats
+        """Hold heartbeat-only writes for :meth:`flush_heartbeats` (see :meth:`save`)."""
+        self._pending: dict[int, tuple[Job, set[int]]] = {}
 
     def _add_columns(self) -> None:
         """Bring a database of an older coordinator up to :data:`rows.ADDED_COLUMNS`."""
@@ -35,6 +38,7 @@ class Repository:
         self.db.start_checkpointer()
 
     def close(self) -> None:
+        self.flush_heartbeats()
         self.db.close()
 
     # --- reads --------------------------------------------------------------------------
@@ -74,10 +78,26 @@ class Repository:
 
     # --- writes -------------------------------------------------------------------------
     def save(self, job: Job, changes: Changes) -> None:
-        """Write what one decision changed, in one transaction. A new job gets its id."""
+        """Write what one decision changed, in one transaction. A new job gets its id.
+
+        With ``batch_heartbeats``, a change that is only heartbeat fields (time, step,
+        measurements, node of ranks that stay alive) is held until the next
+        :meth:`flush_heartbeats` or the next other write, whichever comes first, and written
+        with it: one commit for many heartbeats. A SIGKILL loses at most the heartbeat
+        fields of that window, which is harmless: a restarted coordinator gives every alive
+        rank a fresh grace period (it never reads a stored heartbeat time to judge
+        silence), the stored steps and measurements are already older than the ranks' by
+        the whole downtime, and every rank's next heartbeat overwrites them. Everything
+        else (registrations, failures, aborts, events, checkpoints, job fields) is written
+        before the request is answered, as without batching.
+        """
         if not changes.writes():
             return
+        if self.batch_heartbeats and _only_heartbeats(changes) and job.id is not None:
+            self._pending.setdefault(job.id, (job, set()))[1].update(changes.heartbeats)
+            return
         with self.db.transaction() as conn:
+            held = self._write_pending(conn)
             if changes.created or changes.job:
                 row = rows.job_row(job)
                 if changes.created:
@@ -98,6 +118,29 @@ class Repository:
             for event in changes.events:
                 row = rows.event_row(job.id, event)
                 conn.execute(_insert("events", tuple(row)), row)
+        if held:
+            self._pending.clear()  # committed (a failed write keeps them held)
+
+    def flush_heartbeats(self) -> int:
+        """Write the held heartbeat fields in one transaction; how many rank rows."""
+        if not self._pending:
+            return 0
+        with self.db.transaction() as conn:
+            held = self._write_pending(conn)
+        self._pending.clear()  # committed (a failed write keeps them held)
+        return held
+
+    def _write_pending(self, conn: sqlite3.Connection) -> int:
+        """The held heartbeat rows, with the fields' values now (the newest heartbeat)."""
+        beats = [
+            rows.heartbeat_row(job.id, job.ranks, r)
+            for job, ranks in self._pending.values()
+            for r in sorted(ranks)
+            if r < job.world_size  # a resize since: the rank row is gone
+        ]
+        if beats:
+            conn.executemany(_HEARTBEAT_SQL, beats)
+        return len(beats)
 
     @staticmethod
     def _save_ranks(conn: sqlite3.Connection, job: Job, changes: Changes) -> None:
@@ -110,6 +153,20 @@ class Repository:
         if changes.ranks:
             whole = [rows.rank_row(job.id, t, r) for r in changes.ranks]
             conn.executemany(_upsert("ranks", tuple(whole[0])), whole)
+
+
+def _only_heartbeats(c: Changes) -> bool:
+    """Whether ``c`` writes nothing but heartbeat fields (what may be batched)."""
+    return bool(c.heartbeats) and not (
+        c.created
+        or c.job
+        or c.ranks_cleared
+        or c.ranks
+        or c.checkpoints
+        or c.parts_cleared
+        or c.parts
+        or c.events
+    )
 
 
 @functools.cache

@@ -124,3 +124,53 @@ def test_every_column_of_the_schema_is_mapped_and_nothing_else(tmp_path: Path) -
         7,
         0,
     )
+
+
+def _stored_heartbeats(path: Path) -> list[tuple[int, float, int]]:
+    """(rank, last_heartbeat, step) of every rank row, read by another connection."""
+    with sqlite3.connect(path) as conn:
+        sql = "SELECT rank, last_heartbeat, step FROM ranks ORDER BY rank"
+        return [tuple(r) for r in conn.execute(sql).fetchall()]
+
+
+def test_batched_heartbeats_are_held_until_a_flush_then_written_with_their_newest_values(
+    tmp_path: Path,
+) -> None:
+    repo = Repository(tmp_path / "c.db", batch_heartbeats=True)
+    job = play(repo)  # its heartbeats went with the part reports that followed them
+    assert _stored_heartbeats(tmp_path / "c.db") == [(0, 3.0, 12), (1, 3.0, 12)]
+    for t, step in ((7.0, 13), (8.0, 14)):
+        repo.save(job, ranks.rank_heartbeat(job, 0, Heartbeat(generation=1, step=step), t)[1])
+    repo.save(job, ranks.rank_heartbeat(job, 1, Heartbeat(generation=1, step=13), 8.5)[1])
+    assert _stored_heartbeats(tmp_path / "c.db") == [(0, 3.0, 12), (1, 3.0, 12)]
+    assert repo.flush_heartbeats() == 2
+    assert _stored_heartbeats(tmp_path / "c.db") == [(0, 8.0, 14), (1, 8.5, 13)]
+    assert repo.flush_heartbeats() == 0
+    repo.close()
+    (loaded,) = Repository(tmp_path / "c.db").load_jobs()
+    assert ranks_of(loaded.ranks) == ranks_of(job.ranks)
+
+
+def test_any_other_write_commits_the_held_heartbeats_with_it_and_close_flushes(
+    tmp_path: Path,
+) -> None:
+    repo = Repository(tmp_path / "c.db", batch_heartbeats=True)
+    job = play(repo)
+    repo.save(job, ranks.rank_heartbeat(job, 1, Heartbeat(generation=1, step=15), 7.0)[1])
+    # A part report is written at once, and the held rows with it.
+    part = PartReport(generation=1, nbytes=9, duration_s=0.5, manifest_path="m0")
+    repo.save(job, checkpoints.report_part(job, 30, 0, part, 7.5)[1])
+    assert _stored_heartbeats(tmp_path / "c.db") == [(0, 3.0, 12), (1, 7.0, 15)]
+    repo.save(job, ranks.rank_heartbeat(job, 1, Heartbeat(generation=1, step=16), 8.0)[1])
+    repo.close()
+    assert _stored_heartbeats(tmp_path / "c.db") == [(0, 3.0, 12), (1, 8.0, 16)]
+
+
+def test_without_batching_every_heartbeat_is_committed_before_save_returns(
+    tmp_path: Path,
+) -> None:
+    repo = Repository(tmp_path / "c.db")
+    job = play(repo)
+    repo.save(job, ranks.rank_heartbeat(job, 1, Heartbeat(generation=1, step=15), 7.0)[1])
+    assert _stored_heartbeats(tmp_path / "c.db") == [(0, 3.0, 12), (1, 7.0, 15)]
+    repo.close()
