@@ -111,11 +111,14 @@ def local_shards(
     """For each sharded tensor, its replica-0 shards held by ``devices`` (default: every
     device of this process), on the host, in one bulk transfer.
 
-    torch_xla pads uneven shards; each shard is cut to its index range here.
+    torch_xla pads uneven shards; each shard is cut to its index range here. Unlike the
+    bulk transfer, torch_xla's shard read fails on a tensor whose graph is still running
+    (``freeze`` returns before its copies are computed), so it waits for the devices first.
     """
     if not tensors:
         return []
     xlac = _xlac()
+    xlac._xla_wait_device_ops(devices=[])
     shards = xlac._get_local_shards(tensors)
     placement = xlac._get_local_shard_replica_and_indices(tensors)
     out: list[list[HostShard]] = []

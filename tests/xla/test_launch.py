@@ -1,7 +1,9 @@
 """The launcher and the coordinator work unchanged for an XLA job.
 
 An XLA:CPU training run (``_xla_train.py``) under ``checkflow run`` (the real launcher) with
-a real coordinator (``checkflow serve`` in a subprocess): its heartbeats and step times
+a real coordinator (the uvicorn app of ``checkflow serve``, in a thread of the test: a
+subprocess would import it again, which under this machine's load can take longer than its
+start timeout): its heartbeats and step times
 reach the coordinator, its worker SIGKILLs itself once, the launcher's agent reports the
 crash and starts a new worker, which resumes from the newest checkpoint and ends bitwise
 equal to a run that never stopped.
@@ -15,10 +17,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from checkflow.protocol import CheckpointStatus
+from checkflow.protocol import (
+    CheckpointList,
+    CheckpointStatus,
+    EventList,
+    JobPublic,
+    RankList,
+    paths,
+)
 from tests.launch._nodes import create_job
 from tests.runtime._train import assert_bitwise_equal, load_final, run_train
-from tests.support.coordinator import TOKEN, ServerProcess
+from tests.support.coordinator import TOKEN, ThreadServer
+from tests.support.net import free_port
 
 TRAIN = Path(__file__).with_name("_xla_train.py")
 JOB = "xla-launch"
@@ -65,13 +75,16 @@ def test_xla_job_under_checkflow_run_reports_to_coordinator_recovers_from_sigkil
         env=XLA_ENV, script=TRAIN, timeout=420,
     )  # fmt: skip
 
-    server = ServerProcess(tmp_path / "coordinator.db")
+    server = ThreadServer(tmp_path / "coordinator.db", free_port())
     server.start()
     try:
         create_job(server.url, TOKEN, JOB, 1, heartbeat_timeout_s=60.0)
         out = _launch(tmp_path, server.url)
-        job, ranks = server.job(JOB), server.ranks(JOB)
-        checkpoints, events = server.checkpoints(JOB), server.events(JOB)
+        job = JobPublic.model_validate(server.get(paths.path(paths.JOB, job=JOB)))
+        ranks = RankList.model_validate(server.get(paths.path(paths.RANKS, job=JOB))).ranks
+        reply = server.get(paths.path(paths.CHECKPOINTS, job=JOB))
+        checkpoints = CheckpointList.model_validate(reply).checkpoints
+        events = EventList.model_validate(server.get(paths.path(paths.EVENTS, job=JOB))).events
     finally:
         server.stop()
 
