@@ -7,6 +7,11 @@ requires). Each repeat runs every strategy once, in a rotated order (interleaved
 phases of a shared machine hit each of them); the report gives medians with their spread
 (min..max over repeats):
 
+Each step waits for its own graph (``xm.wait_device_ops()`` after ``torch_xla.sync()``), in
+every strategy: torch_xla runs one graph at a time and the next ``sync()`` waits for the one
+in flight, so without it a checkpoint's stall would include finishing the step's own graph
+(work the next step waits for anyway), for both sides. ``--pipelined`` leaves the wait out.
+
 - stall per checkpoint: how long training was blocked by a checkpoint (checkflow: ``take``
   plus the optimizer step's wait for the transfer; save_async: the call, which moves the
   state to the host before it returns);
@@ -151,6 +156,8 @@ def one_run(name: str, args: argparse.Namespace, model: nn.Module, opt: Any) -> 
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch_xla.sync()
+        if not args.pipelined:
+            xm.wait_device_ops()
         run.after_step(step)
         step_times.append(time.perf_counter() - t0)
     run.drain()
@@ -197,6 +204,11 @@ def main() -> None:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--steps", type=int, default=20, help="timed steps per run (K divides it)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--pipelined",
+        action="store_true",
+        help="no wait for each step's graph: stalls then include finishing it",
+    )
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
     p.add_argument("--quick", action="store_true", help="32 MiB, 10 steps, 2 repeats")
     args = p.parse_args()
@@ -217,6 +229,7 @@ def main() -> None:
     print(
         f"# {mib:.0f} MiB of parameters ({layers} x {args.hidden}), AdamW, XLA:CPU, "
         f"K={args.k}, {args.steps} steps x {args.repeats} repeats, torch {torch.__version__}"
+        + (", pipelined" if args.pipelined else ", each step waits for its graph")
     )
     one_run("none", argparse.Namespace(**{**vars(args), "steps": 2 * args.k}), model, opt)  # warm
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}

@@ -56,7 +56,9 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     _resolve_rendezvous(args)
     config, cmd, cmd_args = config_from_args(args)
     config.rdzv_backend = _wrapped(config.rdzv_backend)
-    if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+    # torch <= 2.9 has no --shutdown-timeout (nor the setting): the grace applies there too.
+    given = getattr(args, "shutdown_timeout", None)
+    if given is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
         config.shutdown_timeout = SHUTDOWN_GRACE
     # Workers inherit the agent's environment (torch's SubprocessHandler copies os.environ).
     os.environ.update(coordinator.as_env())
@@ -97,7 +99,7 @@ def run_agent(
         logs_specs=config.logs_specs,
         start_method=config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
-        shutdown_timeout=config.shutdown_timeout,
+        shutdown_timeout=getattr(config, "shutdown_timeout", SHUTDOWN_GRACE),
         watch=watch,
     )
     shutdown_rdzv = True
