@@ -23,6 +23,7 @@ from checkflow.protocol import (
     EventList,
     JobPublic,
     RankList,
+    RankState,
     paths,
 )
 from tests.launch._nodes import create_job
@@ -99,12 +100,12 @@ def test_xla_job_under_checkflow_run_reports_to_coordinator_recovers_from_sigkil
     assert job.generation >= 2, "the recovery started a new generation"
     assert job.failures == 1
 
-    # Heartbeats and step times of the second round reached the coordinator.
+    # The second round registered in the new generation, reported progress past the step it
+    # restored (heartbeats carry the step) and its step time, and finished.
     (rank,) = ranks
-    assert rank.generation == job.generation and rank.step == STEPS
-    assert rank.last_heartbeat is not None
+    assert rank.generation == job.generation and rank.state == RankState.FINISHED
+    assert 6 < rank.step <= STEPS and rank.last_heartbeat is not None
     assert rank.iteration_s is not None and rank.iteration_s > 0
-    assert rank.persist_s is not None and rank.persist_s > 0
     committed = sorted(c.step for c in checkpoints if c.status == CheckpointStatus.COMMITTED)
     assert {3, 6, 9} <= set(committed), committed
 
