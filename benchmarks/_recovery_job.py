@@ -11,13 +11,13 @@ stops, heartbeats included) or ``hang`` (a Python busy loop on the main thread w
 other threads live on; rank 0 then waits in DDP's ``all_reduce`` of the next step).
 
 Events go to ``<--events>/rank-<rank>.log``, one line each, ``<kind> <rank> <round> <value>
-<unix time>``: ``exec`` (the process's start, read from ``/proc``), ``imported`` (torch
-imported), ``joined`` (``init_process_group`` returned), ``built`` (the DDP model and
-optimizer exist: DDP's first construction imports ``torch._dynamo``, seconds under load),
-``ready`` (checkpointer open: about to restore), ``start`` (restored; value = the step training
-resumes from), ``step`` (value = steps done), ``fault`` (value = the step after which the
-fault comes; written before it is injected) and ``final`` (value = digest of the final
-parameters and optimizer state).
+<unix time>``: ``exec`` (the process's start, read from ``/proc``, or when a warm spare
+became it), ``imported`` (torch imported), ``joined`` (``init_process_group`` returned),
+``built`` (the DDP model and optimizer exist: DDP's first construction imports
+``torch._dynamo``, seconds under load), ``ready`` (checkpointer open: about to restore),
+``start`` (restored; value = the step training resumes from), ``step`` (value = steps done),
+``fault`` (value = the step after which the fault comes; written before it is injected) and
+``final`` (value = digest of the final parameters and optimizer state).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ def process_start_time() -> float:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-EXEC_TIME = process_start_time()
+# A worker that `checkflow run` started in a warm spare (torch already imported) became
+# this worker at CHECKFLOW_WARM_START; the process itself is older.
+EXEC_TIME = float(os.environ.get("CHECKFLOW_WARM_START") or process_start_time())
 
 import torch  # noqa: E402 - the start time is read before the slow import
 import torch.distributed as dist  # noqa: E402

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from checkflow_server.api.deps import require_token, token_ok
 from checkflow_server.api.fastpath import HeartbeatFastPath
 from checkflow_server.api.routes import checkpoints, health, jobs, ranks
+from checkflow_server.dashboard import routes as dashboard
 from checkflow_server.detector import run_detector
 from checkflow_server.domain.errors import Conflict, NotFound
 from checkflow_server.repository import Repository
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         v1.include_router(module.router)
     app.include_router(v1)
     app.include_router(health.router)
+    app.include_router(dashboard.router)
     app.add_middleware(HeartbeatFastPath, coordinator=coordinator, token=settings.token)
     _add_error_handlers(app)
     return app

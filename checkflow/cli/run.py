@@ -24,6 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def full_parser() -> argparse.ArgumentParser:
     """torchrun's parser plus the coordinator options, as ``checkflow run``."""
     from checkflow.launch.launcher import torchrun_parser
+    from checkflow.launch.warm import DEFAULT_IMPORTS
 
     parser = torchrun_parser()
     parser.prog = "checkflow run"
@@ -32,6 +33,20 @@ def full_parser() -> argparse.ArgumentParser:
     group.add_argument("--coordinator", metavar="URL", help="or CHECKFLOW_COORDINATOR")
     group.add_argument("--job", metavar="NAME", help="or CHECKFLOW_JOB")
     group.add_argument("--token", help="or CHECKFLOW_TOKEN")
+    warm = parser.add_argument_group("warm restarts (see checkflow.launch.warm)")
+    warm.add_argument(
+        "--no-warm-restarts",
+        dest="warm_restarts",
+        action="store_false",
+        help="start restarted workers in a fresh interpreter (default: in a spare that "
+        "already imported --warm-imports, one per local rank)",
+    )
+    warm.add_argument(
+        "--warm-imports",
+        default=",".join(DEFAULT_IMPORTS),
+        metavar="MODULES",
+        help="comma-separated modules a spare imports before it waits (default: %(default)s)",
+    )
     return parser
 
 

@@ -23,6 +23,7 @@ not count, as torch does not count the restart of a node that sees another node 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import signal
@@ -36,6 +37,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from checkflow.client.rank import ABORT_EXIT_CODE
 from checkflow.launch import recovery
+from checkflow.launch.warm import WarmPool
 from checkflow.launch.watch import CoordinatorWatch, JobView
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,7 @@ class CheckflowAgent(LocalElasticAgent):
         watch: the job at the coordinator; None when no coordinator is configured (then
             only the short grace differs from torch).
         abort_grace_s: see :data:`ABORT_GRACE_S`.
+        warm: spare interpreters that restarted workers start in (None: cold starts).
         *args, **kwargs: ``LocalElasticAgent``'s.
     """
 
@@ -80,6 +83,7 @@ class CheckflowAgent(LocalElasticAgent):
         *args: Any,
         watch: CoordinatorWatch | None = None,
         abort_grace_s: float = ABORT_GRACE_S,
+        warm: WarmPool | None = None,
         **kwargs: Any,
     ) -> None:
         timeout = kwargs.pop("shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT)
@@ -88,12 +92,14 @@ class CheckflowAgent(LocalElasticAgent):
         super().__init__(*args, **kwargs)
         self._shutdown_timeout = timeout
         self._watch = watch
+        self._warm = warm
         self._abort_grace_s = abort_grace_s
         self._round = _Round(time.monotonic(), [])
 
     # --- torch's hooks --------------------------------------------------------------------
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        ids = super()._start_workers(worker_group)
+        with self._warm.handlers() if self._warm else contextlib.nullcontext():
+            ids = super()._start_workers(worker_group)
         self._round = _Round(time.monotonic(), [w.global_rank for w in worker_group.workers])
         return ids
 
@@ -106,6 +112,8 @@ class CheckflowAgent(LocalElasticAgent):
         self._shutdown(timeout=self._shutdown_timeout)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if self._warm is not None:
+            self._warm.tick()
         self._stop_others_after_a_failure(worker_group)
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED:

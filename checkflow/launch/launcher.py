@@ -21,11 +21,14 @@ import logging
 import os
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checkflow.client import env
 from checkflow.client.env import CoordinatorSettings
 from checkflow.launch import rendezvous
+
+if TYPE_CHECKING:
+    from checkflow.launch.warm import WarmPool
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,8 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     """
     from torch.distributed.run import config_from_args
 
+    from checkflow.launch.warm import WarmPool
+
     _resolve_rendezvous(args)
     config, cmd, cmd_args = config_from_args(args)
     config.rdzv_backend = _wrapped(config.rdzv_backend)
@@ -67,11 +72,16 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     # dead one waits for it until its read timeout. Off, it bootstraps every round afresh.
     os.environ[rendezvous.TORCH_SHARED_STORE_OFF] = "1"
     rendezvous.register()
-    run_agent(config, cmd, list(cmd_args), coordinator)
+    warm = WarmPool(args.warm_imports.split(",")) if args.warm_restarts else None
+    run_agent(config, cmd, list(cmd_args), coordinator, warm)
 
 
 def run_agent(
-    config: Any, entrypoint: Any, args: list[str], coordinator: CoordinatorSettings
+    config: Any,
+    entrypoint: Any,
+    args: list[str],
+    coordinator: CoordinatorSettings,
+    warm: WarmPool | None = None,
 ) -> None:
     """torch's ``launch_agent`` (``torch.distributed.launcher.api``) with checkflow's agent.
 
@@ -80,6 +90,7 @@ def run_agent(
         entrypoint: the command the workers run (``sys.executable`` for a script).
         args: its arguments.
         coordinator: followed by the agent when set.
+        warm: where restarted workers come from (cold starts when None); closed here.
 
     Raises:
         ChildFailedError: the workers failed more often than ``config.max_restarts`` allows.
@@ -102,6 +113,7 @@ def run_agent(
         log_line_prefix_template=config.log_line_prefix_template,
         shutdown_timeout=getattr(config, "shutdown_timeout", SHUTDOWN_GRACE),
         watch=watch,
+        warm=warm,
     )
     shutdown_rdzv = True
     try:
@@ -120,6 +132,8 @@ def run_agent(
             spec.rdzv_handler.shutdown()
         if watch is not None:
             watch.close()
+        if warm is not None:
+            warm.close()
 
 
 def worker_spec(config: Any, entrypoint: Any, args: list[str]) -> Any:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hmac
+import time
 from typing import Annotated
 
+from checkflow_server.api import session
 from checkflow_server.service import Coordinator
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -21,12 +23,22 @@ def token_ok(request: Request, header: str | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(value.encode(), token.encode())
 
 
+def authorized(request: Request) -> bool:
+    """Whether ``request`` may read: the token in its Authorization header or, for a read
+    (GET or HEAD), the dashboard's session cookie (:mod:`.session`). Changes need the header."""
+    if token_ok(request, request.headers.get("authorization")):
+        return True
+    token: str = request.app.state.settings.token
+    cookie = request.cookies.get(session.COOKIE)
+    return request.method in ("GET", "HEAD") and session.valid(token, cookie, time.time())
+
+
 # async: a plain def dependency would run in the threadpool, a context switch per request.
 async def require_token(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    if not token_ok(request, request.headers.get("authorization")):
+    if not authorized(request):
         raise HTTPException(
             status_code=401,
             detail="missing or wrong bearer token: send 'Authorization: Bearer <token>'",

@@ -18,7 +18,9 @@ holds every rank after step STEP until PATH exists, logging ``gate <rank> <round
 ``--pg-timeout`` (30 s) bounds every collective and store wait of the process group.
 ``phase <rank> <round> <name> <time>`` lines say when the process was ``spawned``, had
 ``imported`` torch and checkflow, ``joined`` the process group, ``built`` the DDP model
-(its constructor imports ``torch._dynamo``: as long as importing torch), and ``restored``.
+(its constructor imports ``torch._dynamo``: as long as importing torch), and ``restored``;
+a worker that started in a warm spare of ``checkflow run`` logs ``warm <rank> <round>`` and
+counts as ``spawned`` when the spare became it.
 The last line, ``state <rank> <digest>``, hashes the parameters and the optimizer state.
 """
 
@@ -156,7 +158,11 @@ def main() -> None:
     with Checkpointer(args.dir, state, every=5, keep=0, **options) as ckpt:
         start = ckpt.restore()
         print(f"start {rank} {restart} {start}", flush=True)
-        phases = {"spawned": process_start_time(), "imported": imported, "joined": joined}
+        warm = os.environ.get("CHECKFLOW_WARM_START")  # handed over to a warm spare at
+        if warm:
+            print(f"warm {rank} {restart}", flush=True)
+        spawned = float(warm) if warm else process_start_time()
+        phases = {"spawned": spawned, "imported": imported, "joined": joined}
         phases["built"] = built
         for name, at in {**phases, "restored": time.time()}.items():
             print(f"phase {rank} {restart} {name} {at:.3f}", flush=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from checkflow.launch.warmstart import SPARE_NAME
 from checkflow.protocol import JobCreate, paths
 
 JOB = Path(__file__).with_name("_ddp_job.py")
@@ -38,7 +39,8 @@ class Node:
         return [self.proc.pid, *descendants(self.proc.pid)]
 
     def workers(self) -> list[int]:
-        return descendants(self.proc.pid)
+        """The agent's descendants but its waiting warm spares (named ``SPARE_NAME``)."""
+        return [p for p in descendants(self.proc.pid) if process_name(p) != SPARE_NAME]
 
     def kill(self) -> None:
         """SIGKILL the agent and its workers together, as a node that loses power."""
@@ -57,6 +59,13 @@ class Node:
 
     def output(self) -> str:
         return self.out.read_text(errors="replace")
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def descendants(pid: int) -> list[int]:

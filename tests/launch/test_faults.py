@@ -146,6 +146,28 @@ def test_sigkilled_rank_restarts_and_the_job_ends_bitwise_equal_to_an_uninterrup
     assert state.failures >= 1 and state.restore_step == STEPS
 
 
+def test_restarted_workers_start_in_warm_spares_and_end_bitwise_equal(
+    tmp_path: Path, coordinator: ServerProcess, reference: str
+) -> None:
+    """``checkflow run`` keeps one spare interpreter per local rank with torch, its
+    ``_dynamo`` and checkflow imported; after the SIGKILL both new workers are those spares.
+    The gate holds training at step 12 until both spares said they were ready."""
+    gate = tmp_path / "spares-ready"
+    job = start(tmp_path, coordinator, "warm", "--fault", "0:1:13:kill", "--gate", f"12:{gate}")
+    ready = [f"warm spare for local rank {r} ready" for r in (0, 1)]
+    wait_until(lambda: all(line in job.output.read_text() for line in ready), WAIT_S)
+    gate.touch()
+    events = job.finish(RUN_TIMEOUT_S)
+
+    assert events.starts == {(0, 0): 0, (1, 0): 0, (0, 1): 10, (1, 1): 10}
+    assert events.warm == {(0, 1), (1, 1)}, "round 1 started in the spares, round 0 cold"
+    assert_exact(events, reference)
+    (kill,) = report(injected_recoveries(events))
+    assert kill.redone == 3
+    # The spares had imported torch and checkflow: the job's own imports cost nothing.
+    assert kill.parts["import"] < 1.0, kill.parts
+
+
 def ended_by_the_coordinator(launcher_output: str, *, rank: int) -> bool:
     """Round 0 ended because the coordinator failed the generation: ``rank`` was told to
     abort by its heartbeat reply, or the agent saw a local rank declared failed."""

@@ -16,11 +16,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from checkflow.client import ABORT_EXIT_CODE
-from tests.support.coordinator import SERVE, TOKEN, ServerProcess
+from tests.support.coordinator import TOKEN, ServerProcess
 from tests.support.net import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -31,28 +30,11 @@ SERVER_HANG_TIMEOUT_S = 3.0
 """``checkflow serve --hang-timeout``: the stuck job sets none of its own."""
 
 
-class HangServer(ServerProcess):
-    """``checkflow serve --hang-timeout S``: the option under test, on the command line."""
-
-    def start(self) -> None:
-        cmd = [sys.executable, "-c", SERVE, "serve", "--port", str(self.port), "--db"]
-        cmd += [str(self.db), "--token", TOKEN, "--log-level", "warning"]
-        cmd += ["--hang-timeout", str(SERVER_HANG_TIMEOUT_S)]
-        self.proc = subprocess.Popen(cmd, env=self.env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "coordinator exited during startup"
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise TimeoutError("coordinator did not start")
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    s = HangServer(tmp_path / "coordinator.db")
+    s = ServerProcess(
+        tmp_path / "coordinator.db", options=("--hang-timeout", str(SERVER_HANG_TIMEOUT_S))
+    )
     s.start()
     yield s
     s.stop()

@@ -37,9 +37,13 @@ SERVE = "import sys; from checkflow.cli import main; sys.exit(main(sys.argv[1:])
 class ServerProcess:
     """``checkflow serve`` in a subprocess; restartable on the same port and database."""
 
-    def __init__(self, db: Path, token: str | None = TOKEN, **env: str) -> None:
+    def __init__(
+        self, db: Path, token: str | None = TOKEN, options: tuple[str, ...] = (), **env: str
+    ) -> None:
         self.db = db
         self.token = token
+        self.options = options
+        """More ``checkflow serve`` options, e.g. ``("--hang-timeout", "3")``."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "CHECKFLOW_DETECTOR_PERIOD_S": "0.1", **env}
@@ -60,8 +64,8 @@ class ServerProcess:
         ]
         if self.token:
             cmd += ["--token", self.token]
-        self.proc = subprocess.Popen(cmd, env=self.env)
-        deadline = time.monotonic() + 20
+        self.proc = subprocess.Popen([*cmd, *self.options], env=self.env)
+        deadline = time.monotonic() + 30  # a loaded CI machine imports slowly
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, "coordinator exited during startup"
             try:

@@ -58,6 +58,8 @@ class Events:
     """rank -> digest of its final parameters and optimizer state."""
     phases: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)
     """(rank, round) -> {phase: time}: ``spawned``, ``imported``, ``joined``, ``restored``."""
+    warm: set[tuple[int, int]] = field(default_factory=set)
+    """(rank, round) of every worker that started in a warm spare of ``checkflow run``."""
 
     @classmethod
     def read(cls, folder: Path) -> Events:
@@ -81,6 +83,8 @@ class Events:
             self.injected.append(Injected(int(r), int(k), what, int(s), float(t)))
         elif kind == "gate" and len(values) == 3:
             self.gates.add((int(values[0]), int(values[1]), int(values[2])))
+        elif kind == "warm" and len(values) == 2:
+            self.warm.add((int(values[0]), int(values[1])))
         elif kind == "state" and len(values) == 2:
             self.states[int(values[0])] = values[1]
         elif kind == "phase" and len(values) == 4:
