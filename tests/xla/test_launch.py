@@ -40,7 +40,8 @@ XLA_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"}
 def _launch(tmp_path: Path, url: str) -> str:
     """``checkflow run`` to success; returns its output (the worker's lines included)."""
     cmd = [sys.executable, "-m", "checkflow.cli", "run", "--nproc-per-node=1"]
-    cmd += ["--max-restarts=2", "--monitor-interval=0.1"]
+    # A free port for the rendezvous: torch's default 29500 may be taken by another job here.
+    cmd += ["--max-restarts=2", "--monitor-interval=0.1", f"--master-port={free_port()}"]
     cmd += ["--coordinator", url, "--job", JOB, "--token", TOKEN]
     cmd += [str(TRAIN), "--dir", str(tmp_path / "run"), "--steps", str(STEPS)]
     cmd += ["--every", str(EVERY), "--kill-at", str(KILL_AT), "--out", str(tmp_path / "b.pt")]
