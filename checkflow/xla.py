@@ -4,13 +4,16 @@ torch_xla is optional: nothing here imports it until a tensor on an ``xla`` devi
 process that already imported torch_xla, for the RNG) shows it is in use, so checkflow
 runs without it. torch_xla's tensors are lazy: what a training step computes is a pending
 graph until ``torch_xla.sync()`` runs it, and a device buffer that an in-place update
-replaces is donated to the next graph (read after that, it is gone). So a snapshot
+replaces is donated to the next graph (read after that, it is gone; holding the tensor
+does not help, its ``detach()`` shows the update too). So a snapshot
 
-- cuts the pending graph once (``cut``), not once per tensor;
-- moves tensors to the host in bulk: one ``_xla_get_cpu_tensors`` call for all whole
+- freezes the state with one graph cut (``freeze``): the cut also runs a device copy of
+  every tensor, new buffers that no step updates or donates, so they can be moved to the
+  host while training goes on, and the optimizer step never waits for the transfer (the
+  price is one more device copy of the state until its transfer ends);
+- moves the copies to the host in bulk: one ``_xla_get_cpu_tensors`` call for all whole
   tensors, one ``_get_local_shards`` call for all SPMD-sharded ones (these are what
-  torch_xla's own checkpointing uses; there is no public bulk transfer in torch_xla 2.9);
-- must finish reading a parameter before the optimizer step that replaces it runs.
+  torch_xla's own checkpointing uses; there is no public bulk transfer in torch_xla 2.9).
 
 An SPMD-sharded tensor (``mark_sharding`` over a mesh) is moved as the shards addressable
 to this process, each at its global offset; a shard replicated over a mesh axis is taken
@@ -60,6 +63,25 @@ def cut() -> None:
     xm.set_rng_state(seed)
 
 
+def freeze(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Device copies of ``tensors`` as they are now, made by one graph cut.
+
+    The cut runs whatever is pending with the copies in the same graph (once, however
+    many tensors). A copy keeps its source's SPMD sharding, so it moves as the same shards.
+    """
+    if not tensors:
+        return []
+    xlac = _xlac()
+    copies = []
+    for t in tensors:
+        copy = t.detach().clone()
+        if is_sharded(t):
+            xlac._xla_mark_sharding(copy, xlac._get_xla_op_sharding(t))
+        copies.append(copy)
+    cut()
+    return copies
+
+
 def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Whole tensors on the host, in one bulk transfer (sharded ones are gathered)."""
     if not tensors:
@@ -89,11 +111,14 @@ def local_shards(
     """For each sharded tensor, its replica-0 shards held by ``devices`` (default: every
     device of this process), on the host, in one bulk transfer.
 
-    torch_xla pads uneven shards; each shard is cut to its index range here.
+    torch_xla pads uneven shards; each shard is cut to its index range here. Unlike the
+    bulk transfer, torch_xla's shard read fails on a tensor whose graph is still running
+    (``freeze`` returns before its copies are computed), so it waits for the devices first.
     """
     if not tensors:
         return []
     xlac = _xlac()
+    xlac._xla_wait_device_ops(devices=[])
     shards = xlac._get_local_shards(tensors)
     placement = xlac._get_local_shard_replica_and_indices(tensors)
     out: list[list[HostShard]] = []

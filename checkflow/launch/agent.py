@@ -24,6 +24,7 @@ not count, as torch does not count the restart of a node that sees another node 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import signal
 import time
@@ -44,6 +45,15 @@ logger = logging.getLogger(__name__)
 ABORT_GRACE_S = 3.0
 """Seconds a worker left behind by the job gets to exit by itself (its heartbeat thread
 exits with the abort code within about a heartbeat interval) before it is restarted."""
+
+
+DEFAULT_SHUTDOWN_TIMEOUT = 30
+"""torch's own default, when the caller gives none."""
+
+_TORCH_HAS_SHUTDOWN_TIMEOUT = "shutdown_timeout" in inspect.signature(LocalElasticAgent).parameters
+"""torch >= 2.10's agent takes it; 2.9's (the torch that torch_xla 2.9 needs) does not, and
+closes its workers with a fixed 30 s grace: :meth:`CheckflowAgent._stop_workers` closes them
+with the short one itself there."""
 
 
 @dataclass(slots=True)
@@ -76,7 +86,11 @@ class CheckflowAgent(LocalElasticAgent):
         warm: WarmPool | None = None,
         **kwargs: Any,
     ) -> None:
+        timeout = kwargs.pop("shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT)
+        if _TORCH_HAS_SHUTDOWN_TIMEOUT:
+            kwargs["shutdown_timeout"] = timeout
         super().__init__(*args, **kwargs)
+        self._shutdown_timeout = timeout
         self._watch = watch
         self._warm = warm
         self._abort_grace_s = abort_grace_s
@@ -90,6 +104,11 @@ class CheckflowAgent(LocalElasticAgent):
         return ids
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        if not _TORCH_HAS_SHUTDOWN_TIMEOUT and self._pcontext is not None:
+            # torch <= 2.9 closes with its 30 s default: close first with the short grace
+            # (the second close finds the workers gone).
+            self._pcontext.close(signal.SIGTERM, self._shutdown_timeout)
+            return super()._shutdown()
         self._shutdown(timeout=self._shutdown_timeout)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:

@@ -61,7 +61,9 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     _resolve_rendezvous(args)
     config, cmd, cmd_args = config_from_args(args)
     config.rdzv_backend = _wrapped(config.rdzv_backend)
-    if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+    # torch <= 2.9 has no --shutdown-timeout (nor the setting): the grace applies there too.
+    given = getattr(args, "shutdown_timeout", None)
+    if given is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
         config.shutdown_timeout = SHUTDOWN_GRACE
     # Workers inherit the agent's environment (torch's SubprocessHandler copies os.environ).
     os.environ.update(coordinator.as_env())
@@ -100,7 +102,8 @@ def run_agent(
     from checkflow.launch.agent import CheckflowAgent
     from checkflow.launch.watch import CoordinatorWatch
 
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    if hasattr(config, "signals_to_handle"):  # torch <= 2.9 has no such setting
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     spec = worker_spec(config, entrypoint, args)
     watch = CoordinatorWatch(coordinator) if coordinator.url else None
     agent = CheckflowAgent(
@@ -108,7 +111,7 @@ def run_agent(
         logs_specs=config.logs_specs,
         start_method=config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
-        shutdown_timeout=config.shutdown_timeout,
+        shutdown_timeout=getattr(config, "shutdown_timeout", SHUTDOWN_GRACE),
         watch=watch,
         warm=warm,
     )
@@ -160,11 +163,22 @@ def worker_spec(config: Any, entrypoint: Any, args: list[str]) -> Any:
         monitor_interval=config.monitor_interval,
         local_addr=config.local_addr,
         event_log_handler=config.event_log_handler,
-        numa_options=config.numa_options,
-        duplicate_stdout_filters=config.duplicate_stdout_filters,
-        duplicate_stderr_filters=config.duplicate_stderr_filters,
-        virtual_local_rank=config.virtual_local_rank,
+        **_newer_spec_settings(config),
     )
+
+
+NEWER_SPEC_SETTINGS = (
+    "numa_options",
+    "duplicate_stdout_filters",
+    "duplicate_stderr_filters",
+    "virtual_local_rank",
+)
+"""``WorkerSpec`` settings that older torch lacks (2.9, which torch_xla 2.9 needs, has only
+``numa_options``): passed where ``LaunchConfig`` has them."""
+
+
+def _newer_spec_settings(config: Any) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in NEWER_SPEC_SETTINGS if hasattr(config, name)}
 
 
 def _script(args: list[str]) -> str:

@@ -12,9 +12,10 @@ the background: on a CPU thread, or on a side CUDA stream ordered by events. Eve
 is copied before ``take`` returns. The optimizer step pre-hook calls
 ``Snapshot.block_optimizer`` so weights never change under a copy.
 
-XLA tensors (torch_xla) take one graph cut and bulk transfers per snapshot (``_XlaCopy``,
-device calls in ``checkflow.xla``); the optimizer step waits only until the protected ones
-are on the host. An SPMD-sharded tensor becomes one host tensor per addressable shard,
+XLA tensors (torch_xla) are frozen by one graph cut that also makes device copies of them,
+then moved to the host in bulk on the copy thread (``_XlaCopy``, device calls in
+``checkflow.xla``); no step can change or donate those copies, so the optimizer step does
+not wait for them. An SPMD-sharded tensor becomes one host tensor per addressable shard,
 placed in its global tensor by ``Snapshot.boxes``.
 """
 
@@ -145,19 +146,22 @@ class Snapshot:
     """Where a host tensor sits in its global tensor when it is one of several boxes of it
     (the shards of an SPMD tensor); filled once the transfer is done."""
     _cpu_done: Future[None] | None = None
-    _moved: threading.Event | None = None
-    """Set once the XLA tensors the optimizer step replaces are on the host."""
+    _xla_done: Future[None] | None = None
+    """The transfer of the XLA tensors' frozen copies; the optimizer step never waits for it."""
     _cuda_events: list[tuple[int, Any]] = field(default_factory=list)
     _cuda: CudaCopier | None = None
 
     def done(self) -> bool:
         cpu = self._cpu_done is None or self._cpu_done.done()
+        cpu = cpu and (self._xla_done is None or self._xla_done.done())
         return cpu and all(e.query() for _, e in self._cuda_events)
 
     def wait(self) -> None:
         """Block until every host tensor holds its copy (called by the persist thread)."""
         if self._cpu_done is not None:
             self._cpu_done.result()
+        if self._xla_done is not None:
+            self._xla_done.result()
         for _, event in self._cuda_events:
             event.synchronize()
         if self.copied is None:
@@ -175,15 +179,7 @@ class Snapshot:
         if self._cpu_done is None or self._cpu_done.done():
             return 0.0
         t0 = time.perf_counter()
-        if self._moved is not None:
-            # XLA: the device buffers only need to be read before the step replaces them;
-            # copying the moved tensors into the host buffers goes on meanwhile.
-            while not self._moved.wait(0.05) and not self._cpu_done.done():
-                pass
-            if not self._moved.is_set():
-                self._cpu_done.result()  # the transfer failed: raise its error here
-        else:
-            self._cpu_done.result()
+        self._cpu_done.result()
         return time.perf_counter() - t0
 
 
@@ -290,9 +286,7 @@ class Snapshotter:
         if background:
             snap._cpu_done = self._executor.submit(_copy_all, background)
         if on_xla:
-            # Queued after the CPU copies on the one copy thread: once its future is done,
-            # theirs is too, so ``_cpu_done`` may stand for both.
-            _XlaCopy(snap, pool, self.xla_devices).start(on_xla, protected, self._executor)
+            _XlaCopy(snap, pool, self.xla_devices).start(on_xla, self._executor)
         return snap
 
     def release(self, snap: Snapshot) -> None:
@@ -320,41 +314,38 @@ def _data_ptr(t: torch.Tensor) -> int:
 
 
 class _XlaCopy:
-    """The XLA tensors of one snapshot to its host buffers.
+    """The XLA tensors of one snapshot to its host buffers, the optimizer step not waiting.
 
-    One graph cut, then: tensors that the next forward pass may change (unprotected) are
-    moved before ``take`` returns; the parameters and optimizer state in one bulk transfer
-    on the copy thread, which sets ``snap._moved`` once they are off the device, then
-    copies them into the reused host buffers. torch_xla's transfers return new host
-    tensors (it has no transfer into a given buffer), hence that last copy.
+    ``start`` (training thread) freezes the tensors: one graph cut that also makes device
+    copies of them. Reading the tensors themselves would have to end before the next step
+    runs, since that step donates their buffers to its graph: training would wait for the
+    whole transfer. The copies belong to the snapshot alone, so the copy thread moves them
+    in bulk while training goes on, then copies them into the reused host buffers
+    (torch_xla's transfers return new host tensors; it has no transfer into a given
+    buffer) and drops them, freeing their device memory.
     """
 
     def __init__(self, snap: Snapshot, pool: HostBufferPool, devices: set[int] | None) -> None:
         self.snap, self.pool, self.devices = snap, pool, devices
 
-    def start(
-        self, tensors: dict[str, torch.Tensor], protected: set[int], executor: ThreadPoolExecutor
-    ) -> None:
-        xla.cut()
-        later = {f: t for f, t in tensors.items() if xla.identity(t) in protected}
-        self.move({f: t for f, t in tensors.items() if f not in later}, None)
-        if later:
-            self.snap._moved = threading.Event()
-            self.snap._cpu_done = executor.submit(self.move, later, self.snap._moved)
+    def start(self, tensors: dict[str, torch.Tensor], executor: ThreadPoolExecutor) -> None:
+        frozen = dict(zip(tensors, xla.freeze(list(tensors.values())), strict=True))
+        self.snap._xla_done = executor.submit(self.move, frozen)
 
-    def move(self, tensors: dict[str, torch.Tensor], moved: threading.Event | None) -> None:
+    def move(self, tensors: dict[str, torch.Tensor]) -> None:
         sharded = {f: t for f, t in tensors.items() if xla.is_sharded(t)}
         whole = [f for f in tensors if f not in sharded]
         hosts = dict(zip(whole, xla.to_host([tensors[f] for f in whole]), strict=True))
         shards = xla.local_shards(list(sharded.values()), self.devices)
-        if moved is not None:
-            moved.set()
+        shapes = {f: tuple(t.shape) for f, t in sharded.items()}
+        tensors.clear()  # the device copies are not needed past the transfer
+        sharded.clear()
         for fqn, src in hosts.items():
             self._put(fqn, src)
-        for (fqn, t), per_device in zip(sharded.items(), shards, strict=True):
+        for (fqn, shape), per_device in zip(shapes.items(), shards, strict=True):
             for shard in per_device:
                 key = f"{fqn}@{shard.device}"
-                self.snap.boxes[key] = Box(fqn, tuple(t.shape), shard.offset)
+                self.snap.boxes[key] = Box(fqn, shape, shard.offset)
                 self._put(key, shard.data)
 
     def _put(self, key: str, src: torch.Tensor) -> None:

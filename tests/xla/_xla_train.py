@@ -6,6 +6,11 @@ parameters, optimizer state and the XLA RNG seed all come back exactly.
 
     PJRT_DEVICE=CPU python tests/xla/_xla_train.py --dir runs/x --steps 12 --every 3 --out f.pt
     PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 python tests/xla/_xla_train.py --mesh 2,2 ...   # SPMD
+    checkflow run --nproc-per-node=1 ... tests/xla/_xla_train.py --kill-at 7 ...     # launcher
+
+With ``--kill-at N``, the first round under ``checkflow run`` (torchelastic's restart count
+0) waits for its checkpoints to commit after step N and SIGKILLs itself; the launcher's
+next round resumes.
 
 With ``--mesh``, every weight is sharded with ``mark_sharding`` over a mesh of that shape
 (dim 0 over the first axis, dim 1 over the second when there is one); biases over the
@@ -15,6 +20,8 @@ first axis only, so along a 2-D mesh they are partially replicated.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -80,6 +87,11 @@ def final_state(model: nn.Module, opt: Any) -> dict[str, Any]:
     }
 
 
+def first_round() -> bool:
+    """True outside a launcher and in a launcher's first round of workers."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
@@ -89,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mesh", default=None, help="SPMD mesh shape, e.g. 4 or 2,2")
     p.add_argument("--out", default=None)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle after each step")
+    p.add_argument("--kill-at", type=int, default=None, help="SIGKILL after this step, round 0")
     args = p.parse_args(argv)
 
     import torch_xla
@@ -121,6 +134,10 @@ def main(argv: list[str] | None = None) -> None:
                 )
             print(f"step {ckpt.current_step}", flush=True)
             time.sleep(args.step_sleep)  # a run to kill: leave its persists time to commit
+            if ckpt.current_step == args.kill_at and first_round():
+                ckpt.wait()
+                print(f"killing myself after step {args.kill_at}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
         ckpt.wait()
     if args.out:
         torch.save(final_state(model, opt), args.out)
