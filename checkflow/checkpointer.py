@@ -21,10 +21,11 @@ from checkflow import distributed, resume
 from checkflow.codec import CodecRules
 from checkflow.config import CheckpointConfig, with_launcher_settings
 from checkflow.determinism import environment, warn_if_different
+from checkflow.memory.tier import RamTier, ram_tier, write_plan
 from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
-from checkflow.write.backpressure import acquire_buffer_set, count_skip
+from checkflow.write.backpressure import acquire_buffer_set, count_skip, wait_for_all
 from checkflow.write.commit import RankResult, commit_protocol
 from checkflow.write.measure import CostMeter
 from checkflow.write.persist import PersistWorker
@@ -64,6 +65,7 @@ class Checkpointer:
         hang_timeout: seconds a still step may last before the coordinator calls it a hang.
         allow_pickle: store state values that are not data as pickles (loading needs
             ``trust=True``).
+        ram_dir, ram_keep: the RAM tier, read first on a restart (``CheckpointConfig``).
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -88,6 +90,8 @@ class Checkpointer:
         token: str | None = None,
         hang_timeout: float | None = None,
         allow_pickle: bool = False,
+        ram_dir: str | None = None,
+        ram_keep: int = 2,
         config: CheckpointConfig | None = None,
     ) -> None:
         # The keyword options are CheckpointConfig's fields, by name: a field without its
@@ -115,6 +119,8 @@ class Checkpointer:
         self._registration: Any = None
         self._snapshotter: Snapshotter | None = None
         self._persist: PersistWorker | None = None
+        self._ram: RamTier | None = None
+        self.restored_from = ""  # the tier the last restore() read: "ram", "storage" or ""
         self._hooks: list[Any] = []
         self._current: Snapshot | None = None
         self._pending: list[Future[int]] = []
@@ -164,6 +170,7 @@ class Checkpointer:
             allow_pickle=self.config.allow_pickle,
             stats=self.stats,
         )
+        self._ram = ram_tier(self.config, self.rank, self.world_size, self._snapshotter.release)
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
 
@@ -179,6 +186,8 @@ class Checkpointer:
                 h.remove()
             self._hooks.clear()
             assert self._persist is not None and self._snapshotter is not None
+            if self._ram is not None:  # first: it hands its snapshots on to storage
+                self._ram.close()
             self._persist.close()
             self._snapshotter.close()
             if self._client is not None:
@@ -233,10 +242,9 @@ class Checkpointer:
         self.open()
         if step is None and self._registration is not None:
             step = self._registration.restore_step
-        steps = resume.candidate_steps(self.storage, step)
         with self.paused():  # reading may take long: not a hang
-            found = resume.read_newest(
-                self.storage, self.state, steps, rank=self.rank, sync=self._sync, trust=trust
+            found, self.restored_from = resume.read_tiered(
+                self.storage, self.state, step, self._sync, self._ram, rank=self.rank, trust=trust
             )
         if found is None:
             return 0
@@ -248,7 +256,7 @@ class Checkpointer:
             warn_if_different(meta.get("environment", {}), step=self._step, uri=self.storage.uri)
         self._last_checkpoint_step = self._step
         self._last_step_end = None
-        log.info("restored step %d from %s", self._step, self.storage.uri)
+        log.info("restored step %d from %s (%s)", self._step, self.storage.uri, self.restored_from)
         return self._step
 
     # -- the training loop -----------------------------------------------------------------
@@ -263,8 +271,7 @@ class Checkpointer:
         Returns:
             The checkpoint's future (resolves to its step when committed), or None.
         """
-        if not self._opened:
-            self.open()
+        self.open()  # once: a no-op when open
         now = time.perf_counter()
         self._observe(now)
         self._step += 1
@@ -278,8 +285,7 @@ class Checkpointer:
         Waits for a free host buffer set when two persists are in flight. Calling it at a
         step that was already checkpointed returns that checkpoint's future.
         """
-        if not self._opened:
-            self.open()
+        self.open()  # once: a no-op when open
         if self._last_future is not None and self._last_checkpoint_step == self._step:
             return self._last_future
         future = self._checkpoint(force=True)
@@ -294,14 +300,7 @@ class Checkpointer:
         """
         with self.paused():  # a blocking wait: not a hang
             pending, self._pending = self._pending, []
-            errors = []
-            for f in pending:
-                try:
-                    f.result()
-                except Exception as e:  # collect, so that every future is waited for
-                    errors.append(e)
-            if errors:
-                raise errors[0]
+            wait_for_all(pending)
 
     def _wait_quietly(self) -> None:
         try:
@@ -318,9 +317,7 @@ class Checkpointer:
         self.stats.due += 1
         t0 = time.perf_counter()
         skip = self.config.when_busy == "skip" and not force
-        pool = None
-        if not skip:
-            pool = self._acquire()
+        pool = None if skip else self._acquire()
         # With several ranks, prepare_snapshot tells every rank whether one has no free
         # buffer set (only possible with when_busy="skip"): they skip together, or one
         # rank's part would be missing and the step never commit.
@@ -331,6 +328,7 @@ class Checkpointer:
         flat = flatten(self.state, rng=self.config.rng, allow_pickle=self.config.allow_pickle)
         # How this process computes: a resume in another setting warns that it cannot be exact.
         flat.skeleton[META_KEY] = {"step": self._step, "environment": environment()}
+        before = dict(flat.tensors)  # all this rank holds: the RAM tier keeps every tensor
         shards = distributed.prepare_snapshot(
             flat,
             self._global_names,
@@ -344,7 +342,7 @@ class Checkpointer:
             return None
         if pool is None:
             pool = self._acquire()
-        return self._take(flat, shards, pool, t0)
+        return self._take(flat, shards, pool, t0, before)
 
     def _acquire(self) -> HostBufferPool:
         """A free host buffer set; waiting for a persist (a slow store?) is a pause, not a hang."""
@@ -353,15 +351,16 @@ class Checkpointer:
             return acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
 
     def _take(
-        self, flat: FlatState, shards: dict[str, Any], pool: HostBufferPool, t0: float
+        self, flat: FlatState, shards: dict[str, Any], pool: HostBufferPool, t0: float, before: Any
     ) -> Future[int]:
         """Start the snapshot into ``pool`` and queue its persist; count the stall."""
         assert self._persist is not None and self._snapshotter is not None
         protected = protected_pointers(self._optimizers)
         protected |= distributed.local_pointers(self._optimizers)
+        plan = write_plan(self._ram, before, flat, shards, self._global_names)
         snap = self._snapshotter.take(self._step, flat, protected, pool)
         self._current = snap
-        future = self._persist.submit(snap, shards=shards)
+        future = plan.submit(snap, self._persist)
         self._pending = [f for f in self._pending if not f.done()] + [future]
         self._last_future = future
         self._last_checkpoint_step = self._step
