@@ -32,6 +32,19 @@ def full_parser() -> argparse.ArgumentParser:
     group.add_argument("--coordinator", metavar="URL", help="or CHECKFLOW_COORDINATOR")
     group.add_argument("--job", metavar="NAME", help="or CHECKFLOW_JOB")
     group.add_argument("--token", help="or CHECKFLOW_TOKEN")
+    ram = parser.add_argument_group("RAM tier (checkflow.memory)")
+    ram.add_argument(
+        "--ram-tier",
+        action="store_true",
+        help="keep each rank's newest checkpoints in node memory too; a restart reads them "
+        "from there (exported to the workers as CHECKFLOW_RAM_DIR)",
+    )
+    ram.add_argument(
+        "--ram-root",
+        default="/dev/shm/checkflow",
+        metavar="DIR",
+        help="where the node's RAM-tier folders go (a tmpfs; default: %(default)s)",
+    )
     return parser
 
 

@@ -11,7 +11,10 @@ torchrun's own parts do the work: ``torch.distributed.run``'s options and
   restart waits for it;
 - the coordinator settings are exported to the workers (:mod:`checkflow.client.env`);
 - the agent is :class:`~checkflow.launch.agent.CheckflowAgent`, which follows the job at
-  the coordinator, reports crashes to it, and restarts its workers when the job moved on.
+  the coordinator, reports crashes to it, and restarts its workers when the job moved on;
+- with ``--ram-tier`` the agent owns the node's RAM-tier folder (:mod:`checkflow.memory`):
+  it creates it, exports it to the workers (``CHECKFLOW_RAM_DIR``), keeps it across their
+  restarts, and removes it when the job ends.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from checkflow.client import env
 from checkflow.client.env import CoordinatorSettings
 from checkflow.launch import rendezvous
+from checkflow.memory import area
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,7 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: the workers
             failed more often than ``--max-restarts`` allows.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import config_from_args
 
     _resolve_rendezvous(args)
@@ -65,7 +70,33 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     # dead one waits for it until its read timeout. Off, it bootstraps every round afresh.
     os.environ[rendezvous.TORCH_SHARED_STORE_OFF] = "1"
     rendezvous.register()
-    run_agent(config, cmd, list(cmd_args), coordinator)
+    config.run_id = config.run_id or str(uuid.uuid4().int)  # names the RAM-tier folder
+    ram = ram_area(args, coordinator, config.run_id)
+    try:
+        run_agent(config, cmd, list(cmd_args), coordinator)
+    except SignalException:
+        # Stopped by a signal, the job is not over (the agent may be started again here):
+        # its ranks' RAM copies stay for the next agent. Any other end frees the memory.
+        ram = None
+        raise
+    finally:
+        if ram is not None:
+            area.remove(ram)
+
+
+def ram_area(args: argparse.Namespace, coordinator: CoordinatorSettings, run_id: str) -> str | None:
+    """With ``--ram-tier``: create this node's RAM-tier folder and export it to the workers.
+
+    It is ``<--ram-root>/<job>/<node>``: the job is the coordinator's job name, else the
+    rendezvous id; the node is ``CHECKFLOW_RAM_NODE``, else the host name.
+    """
+    if not getattr(args, "ram_tier", False):
+        return None
+    job = coordinator.job or run_id or "job"
+    path = area.create(area.node_area(args.ram_root, job, area.node_name()))
+    os.environ[area.RAM_DIR] = path  # workers inherit the agent's environment
+    logger.info("checkflow: RAM tier of this node in %s", path)
+    return path
 
 
 def run_agent(

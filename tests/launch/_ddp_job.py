@@ -20,6 +20,8 @@ holds every rank after step STEP until PATH exists, logging ``gate <rank> <round
 ``imported`` torch and checkflow, ``joined`` the process group, ``built`` the DDP model
 (its constructor imports ``torch._dynamo``: as long as importing torch), and ``restored``.
 The last line, ``state <rank> <digest>``, hashes the parameters and the optimizer state.
+``tier <rank> <round> <tier> <reads>`` says where ``restore()`` read its step (``ram``,
+``storage``, ``-`` for none) and how many reads it made from storage (RAM tier, issue 11).
 """
 
 from __future__ import annotations
@@ -156,6 +158,7 @@ def main() -> None:
     with Checkpointer(args.dir, state, every=5, keep=0, **options) as ckpt:
         start = ckpt.restore()
         print(f"start {rank} {restart} {start}", flush=True)
+        print(f"tier {rank} {restart} {ckpt.restored_from or '-'} {ckpt.storage.reads}")
         phases = {"spawned": process_start_time(), "imported": imported, "joined": joined}
         phases["built"] = built
         for name, at in {**phases, "restored": time.time()}.items():

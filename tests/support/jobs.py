@@ -58,6 +58,8 @@ class Events:
     """rank -> digest of its final parameters and optimizer state."""
     phases: dict[tuple[int, int], dict[str, float]] = field(default_factory=dict)
     """(rank, round) -> {phase: time}: ``spawned``, ``imported``, ``joined``, ``restored``."""
+    tiers: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
+    """(rank, round) -> (tier its restore read, its reads from storage until then)."""
 
     @classmethod
     def read(cls, folder: Path) -> Events:
@@ -83,6 +85,8 @@ class Events:
             self.gates.add((int(values[0]), int(values[1]), int(values[2])))
         elif kind == "state" and len(values) == 2:
             self.states[int(values[0])] = values[1]
+        elif kind == "tier" and len(values) == 4:
+            self.tiers[(int(values[0]), int(values[1]))] = (values[2], int(values[3]))
         elif kind == "phase" and len(values) == 4:
             key = (int(values[0]), int(values[1]))
             self.phases.setdefault(key, {})[values[2]] = float(values[3])
