@@ -21,7 +21,7 @@ from checkflow import distributed, resume
 from checkflow.codec import CodecRules
 from checkflow.config import CheckpointConfig, with_launcher_settings
 from checkflow.determinism import environment, warn_if_different
-from checkflow.memory.tier import RamTier, ram_tier, write_plan
+from checkflow.memory.tier import RamTier, TieredWrite, ram_tier, write_plan
 from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
@@ -65,7 +65,7 @@ class Checkpointer:
         hang_timeout: seconds a still step may last before the coordinator calls it a hang.
         allow_pickle: store state values that are not data as pickles (loading needs
             ``trust=True``).
-        ram_dir, ram_keep: the RAM tier, read first on a restart (``CheckpointConfig``).
+        ram_dir, ram_keep, ram_every: the RAM tier, read first on a restart (see ``config``).
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -92,6 +92,7 @@ class Checkpointer:
         allow_pickle: bool = False,
         ram_dir: str | None = None,
         ram_keep: int = 2,
+        ram_every: int | None = None,
         config: CheckpointConfig | None = None,
     ) -> None:
         # The keyword options are CheckpointConfig's fields, by name: a field without its
@@ -170,7 +171,7 @@ class Checkpointer:
             allow_pickle=self.config.allow_pickle,
             stats=self.stats,
         )
-        self._ram = ram_tier(self.config, self.rank, self.world_size, self._snapshotter.release)
+        self._ram = ram_tier(self.config, self.group, self._snapshotter, self._client)
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
 
@@ -248,10 +249,9 @@ class Checkpointer:
             )
         if found is None:
             return 0
-        candidate, state_dicts = found
-        meta = state_dicts.pop(META_KEY, {})
-        load_into(self.state, state_dicts)
-        self._step = int(meta.get("step", candidate))
+        meta = found[1].pop(META_KEY, {})
+        load_into(self.state, found[1])
+        self._step = int(meta.get("step", found[0]))
         if self.codecs.lossless:
             warn_if_different(meta.get("environment", {}), step=self._step, uri=self.storage.uri)
         self._last_checkpoint_step = self._step
@@ -275,7 +275,10 @@ class Checkpointer:
         now = time.perf_counter()
         self._observe(now)
         self._step += 1
-        future = self._checkpoint(force=False) if self._due() else None
+        assert self._policy is not None
+        due = self._policy.is_due(self._step, self._last_checkpoint_step)
+        ram_due = self._ram is not None and self._ram.is_due(self._step)
+        future = self._checkpoint(force=False, storage=due) if due or ram_due else None
         self._last_step_end = time.perf_counter()
         return future
 
@@ -308,13 +311,9 @@ class Checkpointer:
         except Exception as e:  # the training error that is unwinding matters more
             log.error("a checkpoint failed while exiting: %s", e)
 
-    def _due(self) -> bool:
-        assert self._policy is not None
-        return self._policy.is_due(self._step, self._last_checkpoint_step)
-
-    def _checkpoint(self, *, force: bool) -> Future[int] | None:
+    def _checkpoint(self, *, force: bool, storage: bool = True) -> Future[int] | None:
         assert self._persist is not None and self._snapshotter is not None
-        self.stats.due += 1
+        self.stats.due += storage  # False: a RAM-only step (ram_every), not a due checkpoint
         t0 = time.perf_counter()
         skip = self.config.when_busy == "skip" and not force
         pool = None if skip else self._acquire()
@@ -342,7 +341,8 @@ class Checkpointer:
             return None
         if pool is None:
             pool = self._acquire()
-        return self._take(flat, shards, pool, t0, before)
+        plan = write_plan(self._ram, before, flat, shards, self._global_names, storage=storage)
+        return self._take(flat, plan, pool, t0)
 
     def _acquire(self) -> HostBufferPool:
         """A free host buffer set; waiting for a persist (a slow store?) is a pause, not a hang."""
@@ -351,17 +351,18 @@ class Checkpointer:
             return acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
 
     def _take(
-        self, flat: FlatState, shards: dict[str, Any], pool: HostBufferPool, t0: float, before: Any
+        self, flat: FlatState, plan: TieredWrite, pool: HostBufferPool, t0: float
     ) -> Future[int]:
         """Start the snapshot into ``pool`` and queue its persist; count the stall."""
         assert self._persist is not None and self._snapshotter is not None
         protected = protected_pointers(self._optimizers)
         protected |= distributed.local_pointers(self._optimizers)
-        plan = write_plan(self._ram, before, flat, shards, self._global_names)
         snap = self._snapshotter.take(self._step, flat, protected, pool)
         self._current = snap
         future = plan.submit(snap, self._persist)
         self._pending = [f for f in self._pending if not f.done()] + [future]
+        if not plan.storage:
+            return future
         self._last_future = future
         self._last_checkpoint_step = self._step
         self.stats.taken += 1

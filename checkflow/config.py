@@ -67,6 +67,9 @@ class CheckpointConfig:
     ram_keep: int = 2
     """Newest steps the RAM tier retains (1 or 2; each is one more copy of the rank's state
     in node memory)."""
+    ram_every: int | None = None
+    """With a RAM tier, also checkpoint every N steps to it alone (e.g. 1: every step), while
+    storage keeps ``every``; None: the RAM tier takes the storage checkpoints only."""
 
     def __post_init__(self) -> None:
         if self.every != "auto" and not _is_int(self.every, minimum=1):
@@ -91,6 +94,8 @@ class CheckpointConfig:
             raise ValueError(
                 f"storage_options must be a dict of fsspec options, got {self.storage_options!r}"
             )
+        if self.ram_every is not None and not _is_int(self.ram_every, minimum=1):
+            raise ValueError(f"ram_every must be a positive int or None, got {self.ram_every!r}")
         if self.ram_keep not in (1, 2):
             raise ValueError(f"ram_keep must be 1 or 2, got {self.ram_keep!r}")
         _check_codec(self.codec)

@@ -133,6 +133,7 @@ def read_tiered(
         storage, state, steps, rank=rank, sync=sync, trust=trust, ram=copies, tiers=tiers
     )
     if found is None and copies is not None:
-        steps = candidate_steps(storage, step)
+        # ``step`` may be a RAM-only step (the coordinator's restore point): not an error.
+        steps = [s for s in candidate_steps(storage, None) if step is None or s <= step]
         found = read_newest(storage, state, steps, rank=rank, sync=sync, trust=trust, tiers=tiers)
     return found, tiers.get(found[0], "") if found is not None else ""

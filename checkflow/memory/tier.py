@@ -26,12 +26,13 @@ from checkflow.codec import CodecRules
 from checkflow.memory.area import TIER, ram_dir_from_env, rank_root
 from checkflow.memory.copies import RamCopies
 from checkflow.parallel import _compat
+from checkflow.parallel.groups import rank_and_world
 from checkflow.parallel.sharding import Shard, dtensor_box
 from checkflow.state import FlatState
 from checkflow.storage import Storage
-from checkflow.write.commit import RankResult, SingleProcessCommit
+from checkflow.write.commit import PersistReporter, RankResult, SingleProcessCommit
 from checkflow.write.persist import PersistWorker
-from checkflow.write.snapshot import Snapshot
+from checkflow.write.snapshot import Snapshot, Snapshotter
 from checkflow.write.stats import CheckpointStats
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ class RamTier:
         ram_dir: the node's RAM-tier folder (``CHECKFLOW_RAM_DIR``).
         rank, world_size: this rank; recorded in each step's ``meta``.
         keep: newest RAM steps to retain (1 or 2: each is one more copy of the state).
+        every: also a RAM-only checkpoint every this many steps (None: the storage
+            checkpoints only).
         release: gives a snapshot's host buffers back (after a RAM-only step).
         on_persisted: called with each step's result once it is in the RAM tier.
         allow_pickle: as the ``Checkpointer``'s.
@@ -61,11 +64,13 @@ class RamTier:
         rank: int,
         world_size: int,
         keep: int,
+        every: int | None = None,
         release: Callable[[Snapshot], None],
         on_persisted: Callable[[RankResult], None] | None = None,
         allow_pickle: bool = False,
     ) -> None:
         self.ram_dir = ram_dir
+        self.every = every
         self.rank = rank
         self.world_size = world_size
         self.root = rank_root(ram_dir, rank)
@@ -97,6 +102,10 @@ class RamTier:
         ram = self._worker.submit(snapshot, full=True, shards=shards)
         return ram if then is None else relay
 
+    def is_due(self, step: int) -> bool:
+        """Whether ``step`` is a RAM-tier step (``ram_every``); the same on every rank."""
+        return self.every is not None and step % self.every == 0
+
     def copies(self) -> RamCopies:
         """What this rank's RAM root holds, for a restore."""
         return RamCopies(self.ram_dir, rank=self.rank, world_size=self.world_size)
@@ -120,13 +129,16 @@ def write_plan(
     flat: FlatState,
     shards: dict[str, Shard],
     global_names: set[str],
+    *,
+    storage: bool = True,
 ) -> TieredWrite:
     """Before the snapshot is taken: with a RAM tier, make it hold every tensor of this rank
-    (``hold_everything``). Returns how to write it to the tiers."""
+    (``hold_everything``). Returns how to write it to the tiers (``storage`` False: to the
+    RAM tier only)."""
     if tier is None:
         return TieredWrite(None, shards, shards, frozenset())
     every, skip = hold_everything(before, flat, shards, global_names)
-    return TieredWrite(tier, every, shards, skip)
+    return TieredWrite(tier, every, shards, skip, storage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +153,15 @@ class TieredWrite:
     """The storage write's shards (this rank's share)."""
     skip: frozenset[str]
     """Tensors another rank writes to storage."""
+    storage: bool = True
+    """False: a step due in the RAM tier only."""
 
     def submit(self, snapshot: Snapshot, storage: PersistWorker) -> Future[int]:
         """Queue the RAM write, then the storage write; the storage write's future."""
         if self.tier is None:
             return storage.submit(snapshot, shards=self.shards)
+        if not self.storage:
+            return self.tier.submit(snapshot, self.every, None)
         return self.tier.submit(
             snapshot,
             self.every,
@@ -203,23 +219,33 @@ def hold_everything(
 
 def ram_tier(
     config: CheckpointConfig,
-    rank: int,
-    world_size: int,
-    release: Callable[[Snapshot], None],
-    on_persisted: Callable[[RankResult], None] | None = None,
+    group: Any,
+    snapshots: Snapshotter,
+    client: PersistReporter | None = None,
 ) -> RamTier | None:
-    """This rank's RAM tier in ``config.ram_dir``, else in ``CHECKFLOW_RAM_DIR``; None
-    without one."""
+    """The RAM tier of this rank of ``group`` in ``config.ram_dir``, else in
+    ``CHECKFLOW_RAM_DIR``; None without one. With a coordinator ``client``, each step in
+    the tier is reported to it (``tier="ram"``), so that its restore point may be a step
+    only node memory holds."""
     ram_dir = config.ram_dir or ram_dir_from_env()
     if ram_dir is None:
         return None
+    rank, world_size = rank_and_world(group)
+
+    def report(result: RankResult) -> None:
+        if client is not None:
+            client.report_persisted(
+                result.step, result.nbytes, result.duration_s, result.manifest_path, TIER
+            )
+
     tier = RamTier(
         ram_dir,
         rank=rank,
         world_size=world_size,
         keep=config.ram_keep,
-        release=release,
-        on_persisted=on_persisted,
+        every=config.ram_every,
+        release=snapshots.release,
+        on_persisted=report,
         allow_pickle=config.allow_pickle,
     )
     log.info("RAM tier of rank %d: %s (keeps %d steps)", rank, tier.root, config.ram_keep)

@@ -27,6 +27,7 @@ from checkflow.protocol.status import (
     Action,
     CheckpointSource,
     CheckpointStatus,
+    CheckpointTier,
     FaultKind,
     RankState,
 )
@@ -90,6 +91,9 @@ class JobList(BaseModel):
 class RestorePoint(BaseModel):
     generation: int
     step: int | None = Field(description="Newest checkpoint every rank committed; null: none.")
+    tier: CheckpointTier | None = Field(
+        default=None, description="Where every rank holds that step: storage, else ram."
+    )
 
 
 class RecoverRequest(Strict):
@@ -205,6 +209,11 @@ class PartReport(Strict):
     nbytes: Annotated[int, Field(ge=0, le=MAX_INT), NoBool]
     duration_s: Seconds
     manifest_path: str = Field(max_length=4096)
+    tier: CheckpointTier = Field(
+        default=CheckpointTier.STORAGE,
+        description="ram: the part is in the rank's node memory (no commit to write); a step "
+        "every rank holds there is a restore point too.",
+    )
 
 
 class PartReply(BaseModel):

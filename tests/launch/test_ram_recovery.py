@@ -121,3 +121,22 @@ def test_damaged_ram_copy_is_read_from_storage_with_a_warning(
     assert events.tiers[(1, 1)][0] == "storage", events.tiers
     assert "the RAM copy of step 10" in job.output.read_text(), "no warning"
     assert_exact(events, reference)
+
+
+def test_ram_tier_every_step_restarts_at_the_crashed_step_with_nothing_redone(
+    tmp_path: Path, coordinator: ServerProcess, reference: str, shm_root: Path
+) -> None:
+    # Storage every 5 steps, the RAM tier every step: the coordinator's restore point is the
+    # newest step every rank holds in some tier, 13, not storage's 10.
+    job = start(
+        tmp_path, coordinator, "ram-every", shm_root, "--fault", "0:1:13:kill", "--ram-every", "1"
+    )
+    events = job.finish(RUN_TIMEOUT_S)
+
+    assert events.starts[(0, 1)] == events.starts[(1, 1)] == 13
+    assert events.tiers[(0, 1)] == events.tiers[(1, 1)] == ("ram", 0), events.tiers
+    (kill,) = injected_recoveries(events)
+    print(kill.line())
+    assert kill.redone == 0
+    assert_exact(events, reference)
+    assert max(committed_steps(Storage(str(tmp_path / "ckpt")))) == STEPS
