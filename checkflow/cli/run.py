@@ -45,6 +45,17 @@ def full_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where the node's RAM-tier folders go (a tmpfs; default: %(default)s)",
     )
+    ram.add_argument(
+        "--ram-listen",
+        metavar="[HOST:]PORT",
+        help="hold the RAM-tier copies the previous node of the ring sends here",
+    )
+    ram.add_argument(
+        "--ram-peer",
+        metavar="HOST:PORT",
+        help="the next node of the ring (its --ram-listen): this node's RAM tier is copied "
+        "there, and fetched back from there when this node starts without it",
+    )
     return parser
 
 

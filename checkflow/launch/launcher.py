@@ -72,6 +72,7 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     rendezvous.register()
     config.run_id = config.run_id or str(uuid.uuid4().int)  # names the RAM-tier folder
     ram = ram_area(args, coordinator, config.run_id)
+    peers = ram_peers(args, ram) if ram is not None else []
     try:
         run_agent(config, cmd, list(cmd_args), coordinator)
     except SignalException:
@@ -80,6 +81,8 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
         ram = None
         raise
     finally:
+        for service in peers:
+            service.close()
         if ram is not None:
             area.remove(ram)
 
@@ -97,6 +100,23 @@ def ram_area(args: argparse.Namespace, coordinator: CoordinatorSettings, run_id:
     os.environ[area.RAM_DIR] = path  # workers inherit the agent's environment
     logger.info("checkflow: RAM tier of this node in %s", path)
     return path
+
+
+def ram_peers(args: argparse.Namespace, ram: str) -> list[Any]:
+    """``--ram-listen``: hold the predecessor's copies; ``--ram-peer``: first fetch this
+    node's copies back when its memory holds none (a replaced node), then send them there."""
+    from checkflow.memory import peer
+
+    services: list[Any] = []
+    if args.ram_listen:
+        services.append(peer.PeerStore(peer.parse_address(args.ram_listen), ram).start())
+    if args.ram_peer:
+        successor = peer.parse_address(args.ram_peer)
+        node = area.node_name()
+        if not peer.committed_step_folders(ram):
+            peer.fetch(successor, node, ram)
+        services.append(peer.PeerSender(ram, node, successor).start())
+    return services
 
 
 def run_agent(
