@@ -3,12 +3,16 @@
 A step counts only when its ``MANIFEST.json`` is there (the same commit rule as storage)
 and says it is this rank of a job of this world size: after a restart on another world
 size, or with other ranks on this node, the copies do not apply and storage is read.
-Every chunk is checked against its xxh3 checksum, as from storage.
+Every chunk is checked against its xxh3 checksum, as from storage. The files are read
+through ``mmap`` (``MappedStorage``): on tmpfs a chunk is then a view of the memory that
+holds it, not a copy, and an ``exact`` tensor decodes to a view of it; the only copy left
+is ``load_state_dict``'s into the live tensors.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from typing import Any
 
@@ -17,7 +21,7 @@ from checkflow.memory.area import TIER, rank_root
 from checkflow.parallel.sharding import LiveState
 from checkflow.read.reader import CheckpointReader
 from checkflow.read.state_dicts import read_state_dicts
-from checkflow.storage import Storage
+from checkflow.storage import Storage, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ class RamCopies:
         self.root = rank_root(ram_dir, rank)
         self.rank = rank
         self.world_size = world_size
-        self.storage = Storage(self.root)
+        self.storage = MappedStorage(self.root)
 
     def steps(self) -> set[int]:
         """Committed steps that are this rank's, of a job of this world size."""
@@ -51,3 +55,30 @@ class RamCopies:
         """
         reader = CheckpointReader(self.storage, trust=trust)
         return read_state_dicts(reader, step, 0, live)
+
+
+class MappedStorage(Storage):
+    """A local checkpoint root whose reads are ``mmap`` views instead of copies.
+
+    Private (copy-on-write) mappings: a tensor over one is writable, and writing it never
+    changes the file. The file may be deleted (retention) while mapped: its pages stay
+    until the last view is gone.
+    """
+
+    def read(self, relpath: str, start: int = 0, end: int | None = None) -> bytearray:
+        if end is None:
+            return super().read(relpath, start)  # a whole file: a manifest (JSON), small
+        path = self.path(relpath)
+        self.reads += 1
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if not 0 <= start <= end <= size:
+                raise StorageError(
+                    f"{self.url(relpath)} is truncated: wanted bytes {start}..{end}, "
+                    f"it ends at byte {size}"
+                )
+            if start == end:
+                return bytearray()
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        # The reader only needs a buffer: a memoryview of the mapping stands in for the copy.
+        return memoryview(mapped)[start:end]  # type: ignore[return-value]

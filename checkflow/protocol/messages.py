@@ -90,9 +90,9 @@ class JobList(BaseModel):
 
 class RestorePoint(BaseModel):
     generation: int
-    step: int | None = Field(description="Newest checkpoint every rank committed; null: none.")
-    tier: CheckpointTier | None = Field(
-        default=None, description="Where every rank holds that step: storage, else ram."
+    step: int | None = Field(
+        description="Newest step complete in a tier: committed on storage, or held in node "
+        "memory by every rank (RAM tier); null: none."
     )
 
 

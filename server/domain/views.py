@@ -8,7 +8,6 @@ from checkflow_server.domain.state import Checkpoint, Job
 
 from checkflow.protocol import (
     CheckpointPublic,
-    CheckpointTier,
     JobPublic,
     RankPublic,
     Registration,
@@ -31,11 +30,7 @@ def registration(job: Job) -> Registration:
 
 
 def restore_point(job: Job) -> RestorePoint:
-    step, stored = job.restore_step(), job.stored_step()
-    tier = (
-        None if step is None else CheckpointTier.STORAGE if step == stored else CheckpointTier.RAM
-    )
-    return RestorePoint(generation=job.generation, step=step, tier=tier)
+    return RestorePoint(generation=job.generation, step=job.restore_step())
 
 
 def job_public(job: Job) -> JobPublic:

@@ -47,12 +47,10 @@ def test_a_step_every_rank_holds_in_ram_is_the_restore_point_when_newer_than_sto
     report(job, 13, 0, CheckpointTier.RAM)
     assert restore_point(job).step == 10, "one rank's RAM copy is not a restore point"
     report(job, 13, 1, CheckpointTier.RAM)
-    point = restore_point(job)
-    assert (point.step, point.tier) == (13, CheckpointTier.RAM)
+    assert (restore_point(job).step, job.ram_step(), job.stored_step()) == (13, 13, 10)
     assert 13 not in job.checkpoints, "a RAM step is no storage checkpoint"
     stored(job, 15)
-    point = restore_point(job)
-    assert (point.step, point.tier) == (15, CheckpointTier.STORAGE)
+    assert (restore_point(job).step, job.stored_step()) == (15, 15)
 
 
 def test_a_failure_restarts_the_schedule_from_the_newest_ram_step() -> None:

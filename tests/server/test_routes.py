@@ -156,17 +156,9 @@ def test_exactly_one_rank_commits_and_restore_point_follows(client: TestClient) 
     first = [persist(client, "j", 10, r, 1) for r in range(3)]
     assert [r["must_commit"] for r in first] == [False, False, True]
     assert persist(client, "j", 10, 2, 1)["must_commit"] is True  # a retry is answered the same
-    assert client.get("/v1/jobs/j/restore-point").json() == {
-        "generation": 1,
-        "step": None,
-        "tier": None,
-    }
+    assert client.get("/v1/jobs/j/restore-point").json() == {"generation": 1, "step": None}
     client.post("/v1/jobs/j/checkpoints/10/commit", json={"rank": 2})
-    assert client.get("/v1/jobs/j/restore-point").json() == {
-        "generation": 1,
-        "step": 10,
-        "tier": "storage",
-    }
+    assert client.get("/v1/jobs/j/restore-point").json() == {"generation": 1, "step": 10}
     persist(client, "j", 20, 0, 1)
     cks = client.get("/v1/jobs/j/checkpoints").json()["checkpoints"]
     assert [(c["step"], c["status"], c["persisted_ranks"]) for c in cks] == [
