@@ -81,7 +81,12 @@ class _Handler(socketserver.StreamRequestHandler):
     server: PeerStore
 
     def handle(self) -> None:
-        header = json.loads(self.rfile.readline())
+        try:
+            self._serve(json.loads(self.rfile.readline()))
+        except (ValueError, KeyError, TypeError) as e:  # a bad or hostile request: no reply
+            log.warning("checkflow: refused a RAM-tier peer request: %s", e)
+
+    def _serve(self, header: dict[str, Any]) -> None:
         base = self.server.node_folder(str(header["node"]))
         if header["op"] == "put":
             _receive(self.rfile, _inside(base, header["path"]), int(header["size"]))
