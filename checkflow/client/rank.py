@@ -228,7 +228,7 @@ class CoordinatorClient:
                 nbytes=nbytes,
                 duration_s=duration_s,
                 manifest_path=manifest_path,
-                tier=CheckpointTier(tier),
+                tier=None if tier == "storage" else CheckpointTier(tier),
             )
         except ValidationError as e:  # the coordinator would refuse it: agree locally
             logger.warning(

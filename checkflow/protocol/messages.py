@@ -209,10 +209,11 @@ class PartReport(Strict):
     nbytes: Annotated[int, Field(ge=0, le=MAX_INT), NoBool]
     duration_s: Seconds
     manifest_path: str = Field(max_length=4096)
-    tier: CheckpointTier = Field(
-        default=CheckpointTier.STORAGE,
-        description="ram: the part is in the rank's node memory (no commit to write); a step "
-        "every rank holds there is a restore point too.",
+    tier: CheckpointTier | None = Field(
+        default=None,
+        description="null or storage: the job's storage. ram: the part is in the rank's node "
+        "memory (no commit to write); a step every rank holds there is a restore point too. "
+        "Left out for storage, so that a coordinator without tiers takes the report.",
     )
 
 
