@@ -234,6 +234,8 @@ def fetch(peer: tuple[str, int], node: str, area: str) -> int:
             while not (header := json.loads(stream.readline())).get("end"):
                 _receive(stream, _inside(area, header["path"]), int(header["size"]))
                 files += 1
+    except ConnectionRefusedError:  # the peer's agent is not up (yet): a first start
+        log.info("checkflow: no peer at %s:%d to fetch node %s's RAM tier from", *peer, node)
     except (OSError, ValueError) as e:
         log.warning("checkflow: could not fetch node %s's RAM tier from %s:%d: %s", node, *peer, e)
     if files:
