@@ -66,9 +66,11 @@ def s3_storage() -> tuple[object, str, dict]:
 
     server, endpoint = start_moto()
     options = {"storage_options": s3_options(endpoint)}
-    import s3fs
+    import boto3
 
-    s3fs.S3FileSystem(**options["storage_options"]).mkdir("bench")
+    keys = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **keys)
+    s3.create_bucket(Bucket="bench")
     return server, "s3://bench/run", options
 
 
