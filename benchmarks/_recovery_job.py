@@ -81,6 +81,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--coordinator", default=None)
     p.add_argument("--job", default=None)
     p.add_argument("--token", default=None)
+    p.add_argument("--ram-every", type=int, default=None, help="Checkpointer(ram_every=)")
     return p.parse_args()
 
 
@@ -146,6 +147,8 @@ class CheckflowSaver(Saver):
             options.update(coordinator=args.coordinator, job=args.job, token=args.token)
         if args.hang_timeout and "hang_timeout" in inspect.signature(Checkpointer).parameters:
             options["hang_timeout"] = args.hang_timeout
+        if args.ram_every is not None:
+            options["ram_every"] = args.ram_every
         self.ckpt = Checkpointer(args.dir, {"model": model, "optim": opt}, **options)
         self.ckpt.open()
 

@@ -6,6 +6,10 @@ under three setups:
 
 - ``checkflow-run``: ``checkflow run`` + ``Checkpointer`` reporting to a coordinator;
 - ``torchrun+checkflow``: plain ``torchrun`` + the same ``Checkpointer`` and coordinator;
+- ``checkflow-run+ram``: ``checkflow run --ram-tier``: each checkpoint also in node memory
+  (``/dev/shm``), and the restart restores from there (issue 11);
+- ``checkflow-run+ram1``: the same with ``ram_every=1``: a RAM-tier checkpoint every step
+  (storage keeps ``--every``), so the restart resumes at the fault's step;
 - ``torchrun+dcp``: plain ``torchrun`` + DCP ``async_save`` / ``load``, no coordinator.
   Its only detector of a freeze or a hang is the process group's timeout, set to the same
   ``--timeout`` as checkflow's hang timeout (torch's default, 30 min, would never recover
@@ -61,9 +65,17 @@ FAULTS = ("crash", "freeze", "hang")
 SETUPS = {
     # name: (launcher, checkpointing, coordinator)
     "checkflow-run": ("checkflow", "checkflow", True),
+    "checkflow-run+ram": ("checkflow", "checkflow", True),
+    "checkflow-run+ram1": ("checkflow", "checkflow", True),
     "torchrun+checkflow": ("torchrun", "checkflow", True),
     "torchrun+dcp": ("torchrun", "dcp", False),
 }
+RAM_TIER = {
+    # setup: (options of checkflow run, options of the job)
+    "checkflow-run+ram": (["--ram-tier"], []),
+    "checkflow-run+ram1": (["--ram-tier"], ["--ram-every", "1"]),
+}
+"""The RAM-tier setups (issue 11): what they add to ``checkflow-run``."""
 MARGIN_S = 3.0
 """What the targets allow on top of restart + restore (+ timeout): detection of a crash, the
 launcher's reaction and the first step."""
@@ -104,6 +116,7 @@ def launcher_cmd(setup: str, job_args: list[str], coord: dict[str, str]) -> list
     common = ["--standalone", "--nproc-per-node=2", "--max-restarts=3"]
     if launcher == "checkflow":
         cmd = [sys.executable, "-m", "checkflow.cli", "run", *common]
+        cmd += RAM_TIER.get(setup, ([], []))[0]
         if with_coordinator:
             cmd += ["--coordinator", coord["url"], "--job", coord["job"], "--token", TOKEN]
         return [*cmd, str(JOB), *job_args]
@@ -118,6 +131,7 @@ def job_args(setup: str, fault: str, folder: Path, args: argparse.Namespace) -> 
     out = ["--ckpt", ckpt, "--dir", str(folder / "ckpt"), "--events", str(folder / "events")]
     out += ["--steps", str(args.steps), "--every", str(args.every), "--fault", fault]
     out += ["--fault-at", str(args.fault_at), "--step-time", str(args.step_time)]
+    out += RAM_TIER.get(setup, ([], []))[1]
     if ckpt == "dcp":
         out += ["--pg-timeout", str(args.timeout)]
     elif ckpt == "checkflow":

@@ -21,10 +21,11 @@ from checkflow import distributed, resume
 from checkflow.codec import CodecRules
 from checkflow.config import CheckpointConfig, with_launcher_settings
 from checkflow.determinism import environment, warn_if_different
+from checkflow.memory.tier import RamTier, TieredWrite, ram_tier, write_plan
 from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
-from checkflow.write.backpressure import acquire_buffer_set, count_skip
+from checkflow.write.backpressure import acquire_buffer_set, count_skip, wait_for_all
 from checkflow.write.commit import RankResult, commit_protocol
 from checkflow.write.measure import CostMeter
 from checkflow.write.persist import PersistWorker
@@ -64,6 +65,7 @@ class Checkpointer:
         hang_timeout: seconds a still step may last before the coordinator calls it a hang.
         allow_pickle: store state values that are not data as pickles (loading needs
             ``trust=True``).
+        ram_dir, ram_keep, ram_every: the RAM tier, read first on a restart (see ``config``).
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -88,6 +90,9 @@ class Checkpointer:
         token: str | None = None,
         hang_timeout: float | None = None,
         allow_pickle: bool = False,
+        ram_dir: str | None = None,
+        ram_keep: int = 2,
+        ram_every: int | None = None,
         config: CheckpointConfig | None = None,
     ) -> None:
         # The keyword options are CheckpointConfig's fields, by name: a field without its
@@ -115,6 +120,8 @@ class Checkpointer:
         self._registration: Any = None
         self._snapshotter: Snapshotter | None = None
         self._persist: PersistWorker | None = None
+        self._ram: RamTier | None = None
+        self.restored_from = ""  # the tier the last restore() read: "ram", "storage" or ""
         self._hooks: list[Any] = []
         self._current: Snapshot | None = None
         self._pending: list[Future[int]] = []
@@ -164,6 +171,7 @@ class Checkpointer:
             allow_pickle=self.config.allow_pickle,
             stats=self.stats,
         )
+        self._ram = ram_tier(self.config, self.group, self._snapshotter, self._client)
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
 
@@ -179,6 +187,8 @@ class Checkpointer:
                 h.remove()
             self._hooks.clear()
             assert self._persist is not None and self._snapshotter is not None
+            if self._ram is not None:  # first: it hands its snapshots on to storage
+                self._ram.close()
             self._persist.close()
             self._snapshotter.close()
             if self._client is not None:
@@ -233,22 +243,20 @@ class Checkpointer:
         self.open()
         if step is None and self._registration is not None:
             step = self._registration.restore_step
-        steps = resume.candidate_steps(self.storage, step)
         with self.paused():  # reading may take long: not a hang
-            found = resume.read_newest(
-                self.storage, self.state, steps, rank=self.rank, sync=self._sync, trust=trust
+            found, self.restored_from = resume.read_tiered(
+                self.storage, self.state, step, self._sync, self._ram, rank=self.rank, trust=trust
             )
         if found is None:
             return 0
-        candidate, state_dicts = found
-        meta = state_dicts.pop(META_KEY, {})
-        load_into(self.state, state_dicts)
-        self._step = int(meta.get("step", candidate))
+        meta = found[1].pop(META_KEY, {})
+        load_into(self.state, found[1])
+        self._step = int(meta.get("step", found[0]))
         if self.codecs.lossless:
             warn_if_different(meta.get("environment", {}), step=self._step, uri=self.storage.uri)
         self._last_checkpoint_step = self._step
         self._last_step_end = None
-        log.info("restored step %d from %s", self._step, self.storage.uri)
+        log.info("restored step %d from %s (%s)", self._step, self.storage.uri, self.restored_from)
         return self._step
 
     # -- the training loop -----------------------------------------------------------------
@@ -263,12 +271,14 @@ class Checkpointer:
         Returns:
             The checkpoint's future (resolves to its step when committed), or None.
         """
-        if not self._opened:
-            self.open()
+        self.open()  # once: a no-op when open
         now = time.perf_counter()
         self._observe(now)
         self._step += 1
-        future = self._checkpoint(force=False) if self._due() else None
+        assert self._policy is not None
+        due = self._policy.is_due(self._step, self._last_checkpoint_step)
+        ram_due = self._ram is not None and self._ram.is_due(self._step)
+        future = self._checkpoint(force=False, storage=due) if due or ram_due else None
         self._last_step_end = time.perf_counter()
         return future
 
@@ -278,8 +288,7 @@ class Checkpointer:
         Waits for a free host buffer set when two persists are in flight. Calling it at a
         step that was already checkpointed returns that checkpoint's future.
         """
-        if not self._opened:
-            self.open()
+        self.open()  # once: a no-op when open
         if self._last_future is not None and self._last_checkpoint_step == self._step:
             return self._last_future
         future = self._checkpoint(force=True)
@@ -294,14 +303,7 @@ class Checkpointer:
         """
         with self.paused():  # a blocking wait: not a hang
             pending, self._pending = self._pending, []
-            errors = []
-            for f in pending:
-                try:
-                    f.result()
-                except Exception as e:  # collect, so that every future is waited for
-                    errors.append(e)
-            if errors:
-                raise errors[0]
+            wait_for_all(pending)
 
     def _wait_quietly(self) -> None:
         try:
@@ -309,18 +311,12 @@ class Checkpointer:
         except Exception as e:  # the training error that is unwinding matters more
             log.error("a checkpoint failed while exiting: %s", e)
 
-    def _due(self) -> bool:
-        assert self._policy is not None
-        return self._policy.is_due(self._step, self._last_checkpoint_step)
-
-    def _checkpoint(self, *, force: bool) -> Future[int] | None:
+    def _checkpoint(self, *, force: bool, storage: bool = True) -> Future[int] | None:
         assert self._persist is not None and self._snapshotter is not None
-        self.stats.due += 1
+        self.stats.due += storage  # False: a RAM-only step (ram_every), not a due checkpoint
         t0 = time.perf_counter()
         skip = self.config.when_busy == "skip" and not force
-        pool = None
-        if not skip:
-            pool = self._acquire()
+        pool = None if skip else self._acquire()
         # With several ranks, prepare_snapshot tells every rank whether one has no free
         # buffer set (only possible with when_busy="skip"): they skip together, or one
         # rank's part would be missing and the step never commit.
@@ -331,6 +327,7 @@ class Checkpointer:
         flat = flatten(self.state, rng=self.config.rng, allow_pickle=self.config.allow_pickle)
         # How this process computes: a resume in another setting warns that it cannot be exact.
         flat.skeleton[META_KEY] = {"step": self._step, "environment": environment()}
+        before = dict(flat.tensors)  # all this rank holds: the RAM tier keeps every tensor
         shards = distributed.prepare_snapshot(
             flat,
             self._global_names,
@@ -344,7 +341,8 @@ class Checkpointer:
             return None
         if pool is None:
             pool = self._acquire()
-        return self._take(flat, shards, pool, t0)
+        plan = write_plan(self._ram, before, flat, shards, self._global_names, storage=storage)
+        return self._take(flat, plan, pool, t0)
 
     def _acquire(self) -> HostBufferPool:
         """A free host buffer set; waiting for a persist (a slow store?) is a pause, not a hang."""
@@ -353,7 +351,7 @@ class Checkpointer:
             return acquire_buffer_set(self._snapshotter.buffers, self.stats, self._step)
 
     def _take(
-        self, flat: FlatState, shards: dict[str, Any], pool: HostBufferPool, t0: float
+        self, flat: FlatState, plan: TieredWrite, pool: HostBufferPool, t0: float
     ) -> Future[int]:
         """Start the snapshot into ``pool`` and queue its persist; count the stall."""
         assert self._persist is not None and self._snapshotter is not None
@@ -361,8 +359,10 @@ class Checkpointer:
         protected |= distributed.local_pointers(self._optimizers)
         snap = self._snapshotter.take(self._step, flat, protected, pool)
         self._current = snap
-        future = self._persist.submit(snap, shards=shards)
+        future = plan.submit(snap, self._persist)
         self._pending = [f for f in self._pending if not f.done()] + [future]
+        if not plan.storage:
+            return future
         self._last_future = future
         self._last_checkpoint_step = self._step
         self.stats.taken += 1

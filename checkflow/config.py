@@ -59,6 +59,17 @@ class CheckpointConfig:
     """Store state values that are not data (see ``checkflow.objects``) as pickles instead of
     refusing them at the first checkpoint. Loading such a checkpoint then needs
     ``trust=True``, since unpickling runs code."""
+    ram_dir: str | None = None
+    """The node's RAM-tier folder (``checkflow.memory``): each checkpoint is written there
+    first (this rank's whole state, ``exact``), then to storage, and a restart reads it back
+    from there. Default: ``CHECKFLOW_RAM_DIR``, which ``checkflow run --ram-tier`` exports;
+    None and unset: no RAM tier."""
+    ram_keep: int = 2
+    """Newest steps the RAM tier retains (1 or 2; each is one more copy of the rank's state
+    in node memory)."""
+    ram_every: int | None = None
+    """With a RAM tier, also checkpoint every N steps to it alone (e.g. 1: every step), while
+    storage keeps ``every``; None: the RAM tier takes the storage checkpoints only."""
 
     def __post_init__(self) -> None:
         if self.every != "auto" and not _is_int(self.every, minimum=1):
@@ -83,6 +94,10 @@ class CheckpointConfig:
             raise ValueError(
                 f"storage_options must be a dict of fsspec options, got {self.storage_options!r}"
             )
+        if self.ram_every is not None and not _is_int(self.ram_every, minimum=1):
+            raise ValueError(f"ram_every must be a positive int or None, got {self.ram_every!r}")
+        if self.ram_keep not in (1, 2):
+            raise ValueError(f"ram_keep must be 1 or 2, got {self.ram_keep!r}")
         _check_codec(self.codec)
 
     @property

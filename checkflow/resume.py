@@ -3,6 +3,11 @@
 The newest committed step (or the one asked for) that every rank can read: a checkpoint that
 fails verification is skipped with a warning and the next older one is tried, and with
 several ranks they agree in the job's store on one step, so all resume from the same one.
+
+With a RAM tier (``checkflow.memory``) a step this rank's RAM root holds is read from there;
+a RAM copy that cannot be read (damaged, missing) is read from storage instead, with a
+warning. When the step asked for (the coordinator's restore point) is in the RAM tier,
+storage is not even listed.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from typing import Any
 
 from checkflow import distributed
 from checkflow.catalog import committed_steps
+from checkflow.memory.copies import RamCopies
+from checkflow.memory.tier import RamTier
 from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
 from checkflow.storage import Storage
 
@@ -38,8 +45,14 @@ def read_newest(
     rank: int,
     sync: distributed.RankSync | None,
     trust: bool,
+    ram: RamCopies | None = None,
+    tiers: dict[int, str] | None = None,
 ) -> tuple[int, dict[str, Any]] | None:
     """This rank's state dicts of the newest step in ``steps`` that every rank reads.
+
+    Args:
+        ram: this rank's RAM copies, read first for the steps they hold.
+        tiers: filled with ``{step: "ram" | "storage"}``: where each read came from.
 
     Returns:
         ``(step, state_dicts)``, or None when no candidate could be read (with a warning
@@ -47,9 +60,22 @@ def read_newest(
     """
     reader = CheckpointReader(storage, trust=trust)
     live = distributed.live_state(state)
+    in_ram = ram.steps() if ram is not None else set()
+    tiers = tiers if tiers is not None else {}
 
     def read(candidate: int) -> dict[str, Any] | None:
+        if ram is not None and candidate in in_ram:
+            try:
+                tiers[candidate] = "ram"
+                return ram.read(candidate, live, trust=trust)
+            except RESTORE_ERRORS as e:
+                warnings.warn(
+                    f"the RAM copy of step {candidate} in {ram.root} cannot be restored ({e}); "
+                    f"reading step {candidate} from {storage.uri} instead",
+                    stacklevel=3,
+                )
         try:
+            tiers[candidate] = "storage"
             return distributed.read_state_dicts(reader, candidate, rank, live)
         except RESTORE_ERRORS as e:
             warnings.warn(
@@ -65,3 +91,49 @@ def read_newest(
             f"no checkpoint in {storage.uri} could be restored; starting at 0", stacklevel=3
         )
     return found
+
+
+def tiered_candidates(storage: Storage, ram: RamCopies, step: int | None) -> list[int]:
+    """Steps to try with a RAM tier, newest first: when ``step`` is in this rank's RAM root,
+    it and the older RAM steps (storage is not listed: a damaged copy is read from storage
+    by its step); else the committed steps of both tiers (at or below ``step``)."""
+    in_ram = ram.steps()
+    if step is not None and step in in_ram:
+        return sorted((s for s in in_ram if s <= step), reverse=True)
+    stored = committed_steps(storage)
+    both = set(stored) | in_ram
+    return sorted((s for s in both if step is None or s <= step), reverse=True)
+
+
+def read_tiered(
+    storage: Storage,
+    state: dict[str, Any],
+    step: int | None,
+    sync: distributed.RankSync | None,
+    ram: RamTier | None,
+    *,
+    rank: int,
+    trust: bool,
+) -> tuple[tuple[int, dict[str, Any]] | None, str]:
+    """``read_newest`` over the candidates of both tiers; returns what it read and from which
+    tier (``"ram"``, ``"storage"``, or ``""`` when nothing was read).
+
+    When ``step`` was found only in the RAM tier and no RAM copy reads, the committed steps
+    of storage are tried as without a RAM tier. Every rank takes the same branches: the
+    agreement returns the same result on all of them.
+    """
+    tiers: dict[int, str] = {}
+    copies = ram.copies() if ram is not None else None
+    steps = (
+        candidate_steps(storage, step)
+        if copies is None
+        else tiered_candidates(storage, copies, step)
+    )
+    found = read_newest(
+        storage, state, steps, rank=rank, sync=sync, trust=trust, ram=copies, tiers=tiers
+    )
+    if found is None and copies is not None:
+        # ``step`` may be a RAM-only step (the coordinator's restore point): not an error.
+        steps = [s for s in candidate_steps(storage, None) if step is None or s <= step]
+        found = read_newest(storage, state, steps, rank=rank, sync=sync, trust=trust, tiers=tiers)
+    return found, tiers.get(found[0], "") if found is not None else ""

@@ -47,6 +47,30 @@ def full_parser() -> argparse.ArgumentParser:
         metavar="MODULES",
         help="comma-separated modules a spare imports before it waits (default: %(default)s)",
     )
+    ram = parser.add_argument_group("RAM tier (checkflow.memory)")
+    ram.add_argument(
+        "--ram-tier",
+        action="store_true",
+        help="keep each rank's newest checkpoints in node memory too; a restart reads them "
+        "from there (exported to the workers as CHECKFLOW_RAM_DIR)",
+    )
+    ram.add_argument(
+        "--ram-root",
+        default="/dev/shm/checkflow",
+        metavar="DIR",
+        help="where the node's RAM-tier folders go (a tmpfs; default: %(default)s)",
+    )
+    ram.add_argument(
+        "--ram-listen",
+        metavar="[HOST:]PORT",
+        help="hold the RAM-tier copies the previous node of the ring sends here",
+    )
+    ram.add_argument(
+        "--ram-peer",
+        metavar="HOST:PORT",
+        help="the next node of the ring (its --ram-listen): this node's RAM tier is copied "
+        "there, and fetched back from there when this node starts without it",
+    )
     return parser
 
 

@@ -30,6 +30,7 @@ from checkflow.client.transport import Channel, CoordinatorUnavailable, why
 from checkflow.protocol import (
     Action,
     CheckpointPublic,
+    CheckpointTier,
     CommitReport,
     FinishRequest,
     HeartbeatReply,
@@ -211,15 +212,13 @@ class CoordinatorClient:
         return None if s is None else s.is_checkpoint(step)
 
     def report_persisted(
-        self, step: int, nbytes: int, duration_s: float, manifest_path: str
+        self, step: int, nbytes: int, duration_s: float, manifest_path: str, tier: str = "storage"
     ) -> bool | None:
-        """This rank persisted its part of ``step``; call from the persist thread.
+        """This rank persisted its part of ``step`` (in ``tier``); call from a persist thread.
 
         Returns:
-            True when this rank must write the commit (every rank has persisted and this
-            one completed the set), False when it must not (others still persisting, or the
-            checkpoint belongs to a generation that ended), None when the coordinator is
-            unreachable (the caller falls back to its own agreement).
+            True: this rank writes the commit (it completed the set); False: it must not
+            (others persisting, an ended generation, the RAM tier); None: no answer.
         """
         if self._generation is None:
             return None
@@ -229,6 +228,7 @@ class CoordinatorClient:
                 nbytes=nbytes,
                 duration_s=duration_s,
                 manifest_path=manifest_path,
+                tier=None if tier == "storage" else CheckpointTier(tier),
             )
         except ValidationError as e:  # the coordinator would refuse it: agree locally
             logger.warning(

@@ -11,7 +11,10 @@ torchrun's own parts do the work: ``torch.distributed.run``'s options and
   restart waits for it;
 - the coordinator settings are exported to the workers (:mod:`checkflow.client.env`);
 - the agent is :class:`~checkflow.launch.agent.CheckflowAgent`, which follows the job at
-  the coordinator, reports crashes to it, and restarts its workers when the job moved on.
+  the coordinator, reports crashes to it, and restarts its workers when the job moved on;
+- with ``--ram-tier`` the agent owns the node's RAM-tier folder (:mod:`checkflow.memory`):
+  it creates it, exports it to the workers (``CHECKFLOW_RAM_DIR``), keeps it across their
+  restarts, and removes it when the job ends.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from checkflow.client import env
 from checkflow.client.env import CoordinatorSettings
 from checkflow.launch import rendezvous
+from checkflow.memory import area
 
 if TYPE_CHECKING:
     from checkflow.launch.warm import WarmPool
@@ -54,6 +58,7 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: the workers
             failed more often than ``--max-restarts`` allows.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import config_from_args
 
     from checkflow.launch.warm import WarmPool
@@ -73,7 +78,53 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     os.environ[rendezvous.TORCH_SHARED_STORE_OFF] = "1"
     rendezvous.register()
     warm = WarmPool(args.warm_imports.split(",")) if args.warm_restarts else None
-    run_agent(config, cmd, list(cmd_args), coordinator, warm)
+    config.run_id = config.run_id or str(uuid.uuid4().int)  # names the RAM-tier folder
+    ram = ram_area(args, coordinator, config.run_id)
+    peers = ram_peers(args, ram) if ram is not None else []
+    try:
+        run_agent(config, cmd, list(cmd_args), coordinator, warm)
+    except SignalException:
+        # Stopped by a signal, the job is not over (the agent may be started again here):
+        # its ranks' RAM copies stay for the next agent. Any other end frees the memory.
+        ram = None
+        raise
+    finally:
+        for service in peers:
+            service.close()
+        if ram is not None:
+            area.remove(ram)
+
+
+def ram_area(args: argparse.Namespace, coordinator: CoordinatorSettings, run_id: str) -> str | None:
+    """With ``--ram-tier``: create this node's RAM-tier folder and export it to the workers.
+
+    It is ``<--ram-root>/<job>/<node>``: the job is the coordinator's job name, else the
+    rendezvous id; the node is ``CHECKFLOW_RAM_NODE``, else the host name.
+    """
+    if not getattr(args, "ram_tier", False):
+        return None
+    job = coordinator.job or run_id or "job"
+    path = area.create(area.node_area(args.ram_root, job, area.node_name()))
+    os.environ[area.RAM_DIR] = path  # workers inherit the agent's environment
+    logger.info("checkflow: RAM tier of this node in %s", path)
+    return path
+
+
+def ram_peers(args: argparse.Namespace, ram: str) -> list[Any]:
+    """``--ram-listen``: hold the predecessor's copies; ``--ram-peer``: first fetch this
+    node's copies back when its memory holds none (a replaced node), then send them there."""
+    from checkflow.memory import peer
+
+    services: list[Any] = []
+    if args.ram_listen:
+        services.append(peer.PeerStore(peer.parse_address(args.ram_listen), ram).start())
+    if args.ram_peer:
+        successor = peer.parse_address(args.ram_peer)
+        node = area.node_name()
+        if not peer.committed_step_folders(ram):
+            peer.fetch(successor, node, ram)
+        services.append(peer.PeerSender(ram, node, successor).start())
+    return services
 
 
 def run_agent(

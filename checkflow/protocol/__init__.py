@@ -43,6 +43,7 @@ from checkflow.protocol.status import (
     Action,
     CheckpointSource,
     CheckpointStatus,
+    CheckpointTier,
     FaultKind,
     RankState,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "CheckpointList",
     "CheckpointPublic",
     "CheckpointSource",
+    "CheckpointTier",
     "CheckpointStatus",
     "CommitReport",
     "ErrorBody",

@@ -27,6 +27,7 @@ from checkflow.protocol.status import (
     Action,
     CheckpointSource,
     CheckpointStatus,
+    CheckpointTier,
     FaultKind,
     RankState,
 )
@@ -89,7 +90,10 @@ class JobList(BaseModel):
 
 class RestorePoint(BaseModel):
     generation: int
-    step: int | None = Field(description="Newest checkpoint every rank committed; null: none.")
+    step: int | None = Field(
+        description="Newest step complete in a tier: committed on storage, or held in node "
+        "memory by every rank (RAM tier); null: none."
+    )
 
 
 class RecoverRequest(Strict):
@@ -205,6 +209,12 @@ class PartReport(Strict):
     nbytes: Annotated[int, Field(ge=0, le=MAX_INT), NoBool]
     duration_s: Seconds
     manifest_path: str = Field(max_length=4096)
+    tier: CheckpointTier | None = Field(
+        default=None,
+        description="null or storage: the job's storage. ram: the part is in the rank's node "
+        "memory (no commit to write); a step every rank holds there is a restore point too. "
+        "Left out for storage, so that a coordinator without tiers takes the report.",
+    )
 
 
 class PartReply(BaseModel):

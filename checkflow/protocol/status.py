@@ -57,6 +57,15 @@ class CheckpointSource(StrEnum):
     """Found committed (``MANIFEST.json``) when listing the job's storage."""
 
 
+class CheckpointTier(StrEnum):
+    """Where a rank's part of a checkpoint is kept (issue 11)."""
+
+    STORAGE = "storage"
+    """The job's storage (``storage_uri``): commits are ``MANIFEST.json`` there."""
+    RAM = "ram"
+    """The rank's node memory (``checkflow.memory``): its own copy of its whole state."""
+
+
 class FaultKind(StrEnum):
     """Why the coordinator declared a rank failed (the ``kind`` of a ``rank_failed`` event)."""
 

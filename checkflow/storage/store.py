@@ -70,6 +70,9 @@ class Storage:
         if self.local:
             root = os.path.abspath(root)
         self.root = root.rstrip("/") or "/"
+        self.reads = 0
+        """Calls that read from the root (``read``, ``listdir``): how a test proves that a
+        restore from the RAM tier did not touch storage."""
 
     def __repr__(self) -> str:
         return f"Storage({self.uri!r})"
@@ -141,6 +144,7 @@ class Storage:
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"bad byte range {start}..{end} for {self.url(relpath)}")
         self.path(relpath)  # reject a bad name now, not after retries
+        self.reads += 1
         return self._retry(
             f"read {self.url(relpath)}", lambda: self._read_once(relpath, start, end)
         )
@@ -225,6 +229,7 @@ class Storage:
     def listdir(self, relpath: str = "") -> list[str]:
         """Names (not paths) directly under ``relpath``, sorted; empty when it does not exist."""
         self.path(relpath)
+        self.reads += 1
 
         def once() -> list[str]:
             target = self._uncached(relpath)

@@ -9,6 +9,8 @@ for the 1st, 2nd, 4th, 8th... occurrence so that a persistent condition does not
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from concurrent.futures import Future
 
 from checkflow.write.snapshot import BufferSets, HostBufferPool
 from checkflow.write.stats import CheckpointStats
@@ -53,3 +55,19 @@ def count_skip(stats: CheckpointStats, step: int, reason: str) -> None:
 
 def _level(n: int) -> int:
     return logging.WARNING if n & (n - 1) == 0 else logging.DEBUG  # 1, 2, 4, 8...
+
+
+def wait_for_all(futures: Iterable[Future[int]]) -> None:
+    """Wait for every future, then raise the first error among them (if any).
+
+    Raises:
+        Exception: the first error of a failed persist.
+    """
+    errors = []
+    for f in futures:
+        try:
+            f.result()
+        except Exception as e:  # collect, so that every future is waited for
+            errors.append(e)
+    if errors:
+        raise errors[0]

@@ -88,9 +88,10 @@ class PersistReporter(Protocol):
     """The part of the coordinator client a commit needs (``CoordinatorClient``)."""
 
     def report_persisted(
-        self, step: int, nbytes: int, duration_s: float, manifest_path: str
+        self, step: int, nbytes: int, duration_s: float, manifest_path: str, tier: str = ...
     ) -> bool | None:
-        """True: this rank commits; False: another does; None: no answer (coordinator down)."""
+        """True: this rank commits; False: another does; None: no answer (coordinator down).
+        ``tier`` ``"ram"``: the part is in node memory (``checkflow.memory``)."""
 
 
 class CoordinatorCommit(CommitProtocol):

@@ -44,6 +44,9 @@ class PersistJob:
     shards: dict[str, Any] | None = None
     """``{fqn: distributed.Shard}``: where a local tensor sits in its global tensor
     (absent: the tensor is whole)."""
+    skip: frozenset[str] = frozenset()
+    """Tensors of the snapshot not to write here (the RAM tier holds them; another rank
+    writes them to storage)."""
 
 
 class PersistWorker:
@@ -107,13 +110,19 @@ class PersistWorker:
 
     # -- training-thread side --------------------------------------------------------------
     def submit(
-        self, snapshot: Snapshot, *, full: bool = False, shards: dict[str, Any] | None = None
+        self,
+        snapshot: Snapshot,
+        *,
+        full: bool = False,
+        shards: dict[str, Any] | None = None,
+        skip: frozenset[str] = frozenset(),
     ) -> Future[int]:
         """Queue ``snapshot``; the future resolves to its step once committed (or raises).
 
-        ``shards`` places local tensors (DTensor shards) in their global tensors."""
+        ``shards`` places local tensors (DTensor shards) in their global tensors; the
+        tensors named in ``skip`` are not written."""
         future: Future[int] = Future()
-        self._queue.put(PersistJob(snapshot, future, full, shards))
+        self._queue.put(PersistJob(snapshot, future, full, shards, skip))
         return future
 
     def close(self) -> None:
@@ -185,6 +194,8 @@ class PersistWorker:
         new_refs: dict[tuple[str, int], Any] = {}
         chunks: list[mf.ChunkEntry] = []
         for fqn, tensor in snap.tensors.items():
+            if fqn in job.skip:
+                continue
             # A DTensor's shard (the write plan), or one of an XLA tensor's SPMD shards.
             shard = (job.shards or {}).get(fqn) or snap.boxes.get(fqn)
             chunks.extend(self._encode_tensor(fqn, tensor, writer, full, new_refs, shard))

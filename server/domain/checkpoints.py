@@ -18,10 +18,14 @@ from checkflow.protocol import (
     CheckpointPublic,
     CheckpointSource,
     CheckpointStatus,
+    CheckpointTier,
     CommitReport,
     PartReply,
     PartReport,
 )
+
+RAM_STEPS_KEPT = 4
+"""RAM-tier steps the coordinator remembers per job (ranks keep 1 or 2 of them)."""
 
 IN_PROGRESS = CheckpointStatus.IN_PROGRESS
 COMMITTED = CheckpointStatus.COMMITTED
@@ -46,6 +50,8 @@ def report_part(
             f"generation {body.generation} is not the job's current generation {job.generation}"
         )
     changes = Changes()
+    if body.tier == CheckpointTier.RAM:
+        return _ram_part(job, step, rank), changes
     ck = job.checkpoints.get(step)
     if ck is not None and ck.status == COMMITTED:
         return _part_reply(job, ck, must_commit=False), changes
@@ -69,6 +75,24 @@ def report_part(
     changes.checkpoint(ck)
     changes.parts.append((step, part))
     return _part_reply(job, ck, must_commit=ck.committer == rank), changes
+
+
+def _ram_part(job: Job, step: int, rank: int) -> PartReply:
+    """``rank`` holds its part of ``step`` in node memory: nothing to commit (each rank's RAM
+    copy is whole by itself); once every rank holds it, it is a restore point. Kept in
+    memory only, the newest :data:`RAM_STEPS_KEPT` steps."""
+    holders = job.ram.setdefault(step, set())
+    holders.add(rank)
+    for old in sorted(job.ram)[:-RAM_STEPS_KEPT]:
+        del job.ram[old]
+    whole = len(holders) == job.world_size
+    return PartReply(
+        step=step,
+        status=COMMITTED if whole else IN_PROGRESS,
+        persisted_ranks=len(holders),
+        world_size=job.world_size,
+        must_commit=False,
+    )
 
 
 def commit(job: Job, step: int, body: CommitReport, now: float) -> tuple[CheckpointPublic, Changes]:

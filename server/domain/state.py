@@ -145,6 +145,9 @@ class Job:
     trained past its restore step again; None when it has."""
     ranks: RankTable = field(init=False)
     checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
+    ram: dict[int, set[int]] = field(default_factory=dict)
+    """RAM tier (issue 11): step -> the ranks whose node memory holds their part of it. In
+    memory only: a restarted coordinator restores from storage until ranks report again."""
 
     def __post_init__(self) -> None:
         self.ranks = RankTable(self.world_size)
@@ -154,9 +157,20 @@ class Job:
         return self.schedule.interval
 
     def restore_step(self) -> int | None:
-        """The newest checkpoint every rank committed, or None."""
+        """The newest step complete in some tier: committed on storage, or held in node
+        memory by every rank; None when there is none."""
+        stored, ram = self.stored_step(), self.ram_step()
+        return max(stored or 0, ram or 0) if stored is not None or ram is not None else None
+
+    def stored_step(self) -> int | None:
+        """The newest checkpoint every rank committed on storage, or None."""
         committed = [c.step for c in self.checkpoints.values() if c.status == COMMITTED]
         return max(committed) if committed else None
+
+    def ram_step(self) -> int | None:
+        """The newest step every rank holds in its RAM tier, or None."""
+        whole = [s for s, ranks in self.ram.items() if len(ranks) == self.world_size]
+        return max(whole) if whole else None
 
     def next_checkpoint_step(self) -> int:
         return self.schedule.next_after(self.max_step)

@@ -22,6 +22,11 @@ holds every rank after step STEP until PATH exists, logging ``gate <rank> <round
 a worker that started in a warm spare of ``checkflow run`` logs ``warm <rank> <round>`` and
 counts as ``spawned`` when the spare became it.
 The last line, ``state <rank> <digest>``, hashes the parameters and the optimizer state.
+``tier <rank> <round> <tier> <reads>`` says where ``restore()`` read its step (``ram``,
+``storage``, ``-`` for none) and how many reads it made from storage (RAM tier, issue 11).
+``--ram-every N`` checkpoints every N steps to the RAM tier alone (``checkflow run
+--ram-tier``); a fault then waits until the coordinator's restore point is its step, i.e.
+every rank's RAM copy of it was reported.
 """
 
 from __future__ import annotations
@@ -67,6 +72,22 @@ def wait_for_commit(ckpt: Checkpointer, step: int) -> None:
         while max(committed_steps(ckpt.storage), default=0) < step:
             assert time.monotonic() < deadline, f"step {step} never committed"
             time.sleep(0.05)
+
+
+def wait_for_restore_point(step: int) -> None:
+    """Until the coordinator's restore point is ``step`` (every rank reported its RAM copy)."""
+    import httpx
+
+    from checkflow.protocol import RestorePoint, paths
+
+    url = os.environ["CHECKFLOW_COORDINATOR"] + paths.path(
+        paths.RESTORE_POINT, job=os.environ["CHECKFLOW_JOB"]
+    )
+    headers = {"Authorization": f"Bearer {os.environ.get('CHECKFLOW_TOKEN', '')}"}
+    deadline = time.monotonic() + 60
+    while RestorePoint.model_validate(httpx.get(url, headers=headers).json()).step != step:
+        assert time.monotonic() < deadline, f"step {step} never became the restore point"
+        time.sleep(0.05)
 
 
 def inject(kind: str, log: Callable[[str], None], rank: int, round_: int, step: int) -> None:
@@ -131,6 +152,7 @@ def main() -> None:
     p.add_argument("--gate", type=gate_spec, action="append", default=[])
     p.add_argument("--hang-timeout", type=float, help="Checkpointer(hang_timeout=)")
     p.add_argument("--pg-timeout", type=float, default=30, help="of collectives and the store")
+    p.add_argument("--ram-every", type=int, help="Checkpointer(ram_every=)")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     joined = time.time()
@@ -154,10 +176,15 @@ def main() -> None:
         (lambda: inject("restore-kill", print, rank, restart, -1)) if restore_kill else None
     )
     state = {"model": model, "probe": probe, "optim": opt}
-    options = {} if args.hang_timeout is None else {"hang_timeout": args.hang_timeout}
+    options: dict[str, float] = {}
+    if args.hang_timeout is not None:
+        options["hang_timeout"] = args.hang_timeout
+    if args.ram_every is not None:
+        options["ram_every"] = args.ram_every
     with Checkpointer(args.dir, state, every=5, keep=0, **options) as ckpt:
         start = ckpt.restore()
         print(f"start {rank} {restart} {start}", flush=True)
+        print(f"tier {rank} {restart} {ckpt.restored_from or '-'} {ckpt.storage.reads}")
         warm = os.environ.get("CHECKFLOW_WARM_START")  # handed over to a warm spare at
         if warm:
             print(f"warm {rank} {restart}", flush=True)
@@ -178,6 +205,8 @@ def main() -> None:
             for at, kind in mine:
                 if kind != "restore-kill" and step + 1 == at:
                     wait_for_commit(ckpt, at // 5 * 5)
+                    if args.ram_every:
+                        wait_for_restore_point(at)
                     inject(kind, print, rank, restart, at)
             if step + 1 in gates:
                 print(f"gate {rank} {restart} {step + 1}", flush=True)

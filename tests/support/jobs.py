@@ -60,6 +60,8 @@ class Events:
     """(rank, round) -> {phase: time}: ``spawned``, ``imported``, ``joined``, ``restored``."""
     warm: set[tuple[int, int]] = field(default_factory=set)
     """(rank, round) of every worker that started in a warm spare of ``checkflow run``."""
+    tiers: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
+    """(rank, round) -> (tier its restore read, its reads from storage until then)."""
 
     @classmethod
     def read(cls, folder: Path) -> Events:
@@ -87,6 +89,8 @@ class Events:
             self.warm.add((int(values[0]), int(values[1])))
         elif kind == "state" and len(values) == 2:
             self.states[int(values[0])] = values[1]
+        elif kind == "tier" and len(values) == 4:
+            self.tiers[(int(values[0]), int(values[1]))] = (values[2], int(values[3]))
         elif kind == "phase" and len(values) == 4:
             key = (int(values[0]), int(values[1]))
             self.phases.setdefault(key, {})[values[2]] = float(values[3])

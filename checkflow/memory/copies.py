@@ -1,0 +1,99 @@
+"""Reading the RAM tier back: which steps this rank's RAM root holds, and its state of one.
+
+A step counts only when its ``MANIFEST.json`` is there (the same commit rule as storage)
+and says it is this rank of a job of this world size: after a restart on another world
+size, or with other ranks on this node, the copies do not apply and storage is read.
+Every chunk is checked against its xxh3 checksum, as from storage. The files are read
+through ``mmap`` (``MappedStorage``): on tmpfs a chunk is then a view of the memory that
+holds it, not a copy, and an ``exact`` tensor decodes to a view of it; the only copy left
+is ``load_state_dict``'s into the live tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+from typing import Any
+
+from checkflow.catalog import committed_steps
+from checkflow.memory.area import TIER, rank_root
+from checkflow.parallel.sharding import LiveState
+from checkflow.read.reader import CheckpointReader
+from checkflow.read.state_dicts import read_state_dicts
+from checkflow.storage import Storage, StorageError
+
+log = logging.getLogger(__name__)
+
+
+class RamCopies:
+    """The checkpoints of ``rank`` in a node's RAM-tier folder ``ram_dir``."""
+
+    def __init__(self, ram_dir: str, *, rank: int, world_size: int) -> None:
+        self.root = rank_root(ram_dir, rank)
+        self.rank = rank
+        self.world_size = world_size
+        self.storage = MappedStorage(self.root)
+
+    def steps(self) -> set[int]:
+        """Committed steps that are this rank's, of a job of this world size."""
+        if not os.path.isdir(self.root):
+            return set()
+        return {
+            step
+            for step, manifest in committed_steps(self.storage).items()
+            if manifest.meta.get("tier") == TIER
+            and manifest.meta.get("rank") == self.rank
+            and manifest.meta.get("world_size") == self.world_size
+        }
+
+    def read(self, step: int, live: LiveState, *, trust: bool) -> dict[str, Any]:
+        """This rank's state dicts of ``step``, every chunk verified.
+
+        Raises:
+            One of ``RESTORE_ERRORS``: the copy is missing, damaged or does not decode.
+        """
+        reader = CheckpointReader(self.storage, trust=trust)
+        return read_state_dicts(reader, step, 0, live)
+
+
+class MappedStorage(Storage):
+    """A local checkpoint root whose reads are ``mmap`` views instead of copies.
+
+    Private (copy-on-write) mappings: a tensor over one is writable, and writing it never
+    changes the file. The file may be deleted (retention) while mapped: its pages stay
+    until the last view is gone.
+    """
+
+    def read(self, relpath: str, start: int = 0, end: int | None = None) -> bytearray:
+        if end is None:
+            return super().read(relpath, start)  # a whole file: a manifest (JSON), small
+        path = self.path(relpath)
+        self.reads += 1
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if not 0 <= start <= end <= size:
+                raise StorageError(
+                    f"{self.url(relpath)} is truncated: wanted bytes {start}..{end}, "
+                    f"it ends at byte {size}"
+                )
+            if start == end:
+                return bytearray()
+            # Private and writable, as a tensor over it must be; not MAP_POPULATE, which on a
+            # writable private mapping copies every page up front.
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        _populate_read(mapped)
+        # The reader only needs a buffer: a memoryview of the mapping stands in for the copy.
+        return memoryview(mapped)[start:end]  # type: ignore[return-value]
+
+
+MADV_POPULATE_READ = 22
+"""Linux >= 5.14: map a range's pages for reading in one call (no copy-on-write break)."""
+
+
+def _populate_read(mapped: mmap.mmap) -> None:
+    """Map every page now instead of one fault per 4 KiB page on first touch; where the
+    kernel lacks ``MADV_POPULATE_READ``, the pages fault in as they are read."""
+    with contextlib.suppress(OSError):
+        mapped.madvise(MADV_POPULATE_READ)
