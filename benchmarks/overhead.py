@@ -735,7 +735,8 @@ def cpu_report(summaries: list[Summary]) -> list[str]:
             for name, spent in r.cpu.by_thread.items():
                 names.setdefault(name, []).append(spent / r.gib_checkpointed)
         threads = ", ".join(
-            f"{n} {median(v):.2f}" for n, v in sorted(names.items(), key=lambda kv: -median(kv[1]))
+            f"{n} {median(v):.2f}"
+            for n, v in sorted(names.items(), key=lambda kv: -median(kv[1]))
             if median(v) >= 0.005
         )
         rows.append(

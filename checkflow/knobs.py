@@ -1,6 +1,8 @@
 """Tunables with an environment override, and a context manager for tests (torchsnapshot-style).
 
 CHECKFLOW_CHUNK_BYTES          largest encoded box of a tensor (default 64 MiB)
+CHECKFLOW_DIRECT_IO            1 (default): local checkpoint files bypass the page cache
+                               (O_DIRECT, see checkflow.storage.direct); 0: buffered writes
 CHECKFLOW_TEST_COMMIT_DELAY_S  fault injection: sleep between the rank manifest and the
                                commit, so a test can kill a process mid-persist
 """
@@ -16,6 +18,7 @@ _DEFAULTS = {
     "CHECKFLOW_TEST_COMMIT_DELAY_S": "0",
     "CHECKFLOW_PERSIST_NICE": "10",
     "CHECKFLOW_READ_THREADS": "2",
+    "CHECKFLOW_DIRECT_IO": "1",
 }
 
 
@@ -33,6 +36,10 @@ def read_threads() -> int:
 
 def persist_nice() -> int:
     return int(_get("CHECKFLOW_PERSIST_NICE"))
+
+
+def direct_io() -> bool:
+    return _get("CHECKFLOW_DIRECT_IO").strip().lower() not in ("0", "false", "no", "off", "")
 
 
 def commit_delay_s() -> float:
