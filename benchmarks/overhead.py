@@ -182,6 +182,10 @@ class Strategy:
     def warm(self) -> None:
         pass
 
+    def steps(self, args: argparse.Namespace) -> int:
+        """Timed steps for this strategy."""
+        return int(args.steps)
+
     def before_opt_step(self) -> None:
         pass
 
@@ -392,6 +396,10 @@ class Checkflow(Strategy):
         self.max_overhead = max_overhead
         self.ckpt: Any = None
         self._base = (0, 0, 0, 0, 0, 0)
+        self.changes: IntervalLog | None = None
+        self.persist_nice: int | None = None
+        """CHECKFLOW_PERSIST_NICE for this run (None: the default)."""
+        self._saved_nice: str | None = None
 
     def _checkpointer(self, every: int | str) -> Any:
         from checkflow import Checkpointer
@@ -408,13 +416,27 @@ class Checkflow(Strategy):
 
     def open(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         super().open(model, opt)
+        if self.k is None:
+            self.changes = IntervalLog()
+            self.changes.attach()
+        if self.persist_nice is not None:
+            # Read by the persist thread when it starts: set for the whole run.
+            self._saved_nice = os.environ.get("CHECKFLOW_PERSIST_NICE")
+            os.environ["CHECKFLOW_PERSIST_NICE"] = str(self.persist_nice)
         self.ckpt = self._checkpointer(self.k if self.k is not None else "auto")
         self.ckpt.open()
 
     def warm(self) -> None:
-        self.ckpt.save().result()
+        if self.k is not None:
+            self.ckpt.save().result()
+        # every="auto" starts cold, as in a real job: its first checkpoints measure what a
+        # checkpoint costs, and their cost counts (an untimed warm one would feed the tuner a
+        # checkpoint whose persist ran while training was not).
         s = self.ckpt.stats
         self._base = (s.due, s.taken, s.waits, len(s.stalls_s), s.bytes_written, s.committed)
+
+    def steps(self, args: argparse.Namespace) -> int:
+        return int(args.auto_steps) if self.k is None else int(args.steps)
 
     def after_step(self, step: int) -> None:
         self.ckpt.step()
@@ -435,6 +457,13 @@ class Checkflow(Strategy):
     def close(self) -> None:
         if self.ckpt is not None:
             self.ckpt.close()
+        if self.changes is not None:
+            self.changes.detach()
+        if self.persist_nice is not None:
+            if self._saved_nice is None:
+                os.environ.pop("CHECKFLOW_PERSIST_NICE", None)
+            else:
+                os.environ["CHECKFLOW_PERSIST_NICE"] = self._saved_nice
 
     @property
     def restorable(self) -> bool:
@@ -448,7 +477,45 @@ class Checkflow(Strategy):
             ckpt.close()
 
 
+class IntervalLog(logging.Handler):
+    """Collects the interval changes ``every="auto"`` logs ("checkpoint interval now N
+    steps ..."), with the step count at each, for the report."""
+
+    LOGGER = "checkflow.checkpointer"
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+        self._saved: tuple[int, bool] | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith("checkpoint interval now"):
+            self.messages.append(text.removeprefix("checkpoint interval now "))
+
+    def attach(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        self._saved = (logger.level, logger.propagate)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # keep the console quiet; the report prints them
+        logger.addHandler(self)
+
+    def detach(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeHandler(self)
+        if self._saved is not None:
+            logger.setLevel(self._saved[0])
+            logger.propagate = self._saved[1]
+
+
 def make_strategy(name: str, k: int | None, root: str, max_overhead: float) -> Strategy:
+    if name.startswith("checkflow-") and "+nice" in name:
+        # checkflow-exact+nice10: the persist thread at that nice (CHECKFLOW_PERSIST_NICE).
+        base, _, nice = name.partition("+nice")
+        strat = make_strategy(base, k, root, max_overhead)
+        assert isinstance(strat, Checkflow)
+        strat.name, strat.persist_nice = name, int(nice)
+        return strat
     if name == "none":
         return NoCheckpoint(name, None, root)
     if name == "torch.save":
@@ -465,7 +532,7 @@ def make_strategy(name: str, k: int | None, root: str, max_overhead: float) -> S
         return Checkflow(name, k, root, codec=codec, max_overhead=max_overhead)
     raise SystemExit(
         f"unknown strategy {name!r}; known: none, torch.save, dcp.save, dcp.async, "
-        "dcp.async-staged, checkflow-<codec>, checkflow-auto[-<codec>]"
+        "dcp.async-staged, checkflow-<codec>[+nice<N>], checkflow-auto[-<codec>]"
     )
 
 
@@ -561,7 +628,8 @@ def run_one(
         step_times = []
         cpu0 = CpuSample.now()
         t0 = time.perf_counter()
-        for i in range(args.steps):
+        steps = strat.steps(args)
+        for i in range(steps):
             ts = time.perf_counter()
             train_step(model, opt, batches[i % len(batches)], strat.before_opt_step)
             strat.after_step(i + 1)
@@ -582,7 +650,12 @@ def run_one(
             bytes_per_ckpt=median(strat.ckpt_bytes),
             interval=strat.interval,
             base_step_s=sum(base_times) / len(base_times) if base_times else float("nan"),
-            extra={"steps": args.steps},
+            extra={
+                "steps": steps,
+                "changes": list(strat.changes.messages)
+                if isinstance(strat, Checkflow) and strat.changes is not None
+                else [],
+            },
             cpu=cpu,
             base_cpu_step=base_cpu.process / max(1, args.baseline_steps),
             state_bytes=args.state_bytes,
@@ -886,6 +959,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="no-checkpoint steps timed just before each strategy (the paired baseline)",
     )
     p.add_argument("--max-overhead", type=float, default=0.05, help="for checkflow-auto")
+    p.add_argument(
+        "--auto-steps",
+        type=int,
+        default=200,
+        help="timed steps of checkflow-auto, which starts cold: its measurement checkpoints count",
+    )
     p.add_argument("--restore-reps", type=int, default=3)
     p.add_argument(
         "--repeats",
@@ -899,6 +978,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.params_mib, args.hidden, args.steps, args.batch = 16.0, 1024, 12, 32
+        args.auto_steps = 40
         args.warmup, args.restore_reps, args.baseline_steps = 2, 1, 4
     args.layers = layers_for(args.params_mib, args.hidden)
     return args
@@ -959,6 +1039,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"(extra CPU {r.extra_cpu_per_gib:.2f} s/GiB)",
                     flush=True,
                 )
+                for change in r.extra["changes"]:
+                    print(f"      interval now {change}", flush=True)
     finally:
         if args.dir is None:
             shutil.rmtree(parent, ignore_errors=True)
