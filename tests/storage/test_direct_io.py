@@ -8,14 +8,18 @@ of the whole file instead.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import torch
 
 from checkflow import knobs
+from checkflow.codec.base import tensor_bytes
 from checkflow.storage import Storage, direct
+from checkflow.write.datafiles import DataFileWriter
 
 pytestmark = pytest.mark.skipif(not direct.direct_io_supported(), reason="no O_DIRECT here")
 
@@ -107,3 +111,47 @@ def test_the_direct_io_knob_reads_common_spellings() -> None:
     for value, expected in [("1", True), ("0", False), ("off", False), ("true", True)]:
         with knobs.override(CHECKFLOW_DIRECT_IO=value):
             assert knobs.direct_io() is expected
+
+
+@pytest.mark.parametrize("lead", [0, 100, direct.ALIGN - 1], ids=["at-0", "at-100", "at-4095"])
+def test_a_part_whose_memory_lines_up_is_written_from_its_own_memory_correctly(
+    tmp_path: os.PathLike, small_blocks: None, lead: int
+) -> None:
+    # An mmap is page-aligned: a slice starting `lead` bytes in lines up with a file
+    # position of `lead` (the direct path) and not with 0 (the bounce path) unless lead == 0.
+    size = direct.DIRECT_MIN_BYTES + 3 * direct.ALIGN + 5
+    backing = mmap.mmap(-1, lead + size)
+    backing[lead:] = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8).tobytes()
+    part = memoryview(backing)[lead:]
+    head = memoryview(bytes(range(256)) * 64)[:lead]  # puts the part at file position `lead`
+    path = os.path.join(tmp_path, "aligned.chunks")
+
+    direct.write_parts(path, [head, part])
+    direct.write_parts(path + ".0", [part])  # at position 0: lines up only when lead == 0
+
+    with open(path, "rb") as f:
+        assert f.read() == head.tobytes() + part.tobytes()
+    with open(path + ".0", "rb") as f:
+        assert f.read() == part.tobytes()
+    part.release()
+    backing.close()
+
+
+def test_data_files_line_large_chunks_up_with_their_buffers_and_count_no_padding(
+    tmp_path: os.PathLike,
+) -> None:
+    storage = Storage(str(tmp_path))
+    tensors = [torch.randn(300, 257) for _ in range(3)]  # ~300 KiB each, odd sizes
+    small = b"skeleton"
+    with knobs.override(CHECKFLOW_DIRECT_IO=1):
+        writer = DataFileWriter(storage, "step-000000001", 0)
+        placed = [writer.add([tensor_bytes(t)]) for t in tensors]
+        small_at = writer.add([small])
+        writer.flush()
+
+    for t, (_, offset) in zip(tensors, placed, strict=True):
+        assert offset % direct.ALIGN == t.data_ptr() % direct.ALIGN
+        back = storage.read(f"step-000000001/{placed[0][0]}", offset, offset + t.nbytes)
+        assert bytes(back) == tensor_bytes(t).tobytes()
+    assert bytes(storage.read(f"step-000000001/{small_at[0]}", small_at[1])) == small
+    assert writer.total == sum(t.nbytes for t in tensors) + len(small)
