@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -85,6 +86,78 @@ def train_step(
     opt.zero_grad(set_to_none=True)
 
 
+# -- CPU accounting --------------------------------------------------------------------------
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every live thread of this process, by thread id, with
+    its name: what the background threads of a strategy burn (copy, encode, checksum,
+    write, fsync), from ``/proc/self/task/<tid>/stat`` (Linux; empty elsewhere)."""
+    out: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    # The OS names every Python thread "python": take the names Python gave them.
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = names.get(int(tid)) or stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+@dataclass
+class CpuSample:
+    """Process and training-thread CPU clocks, and every thread's, at one moment."""
+
+    process: float
+    main: float
+    threads: dict[int, tuple[str, float]]
+
+    @classmethod
+    def now(cls) -> CpuSample:
+        # time.process_time counts every thread, ended ones too; thread_time only the caller.
+        return cls(time.process_time(), time.thread_time(), thread_cpu())
+
+
+@dataclass
+class CpuUse:
+    """CPU seconds spent between two samples taken on the training thread."""
+
+    process: float
+    """Every thread of the process (ended threads included)."""
+    main: float
+    """The training thread alone (its own checkpoint calls included)."""
+    by_thread: dict[str, float]
+    """Per thread name, threads other than the training thread (best effort: a thread that
+    started and ended between the samples is only in ``process``)."""
+
+    @property
+    def background(self) -> float:
+        """What threads other than the training thread burned: the strategy's background
+        work (copy, encode, checksum, write, fsync, retention)."""
+        return self.process - self.main
+
+    @classmethod
+    def between(cls, a: CpuSample, b: CpuSample) -> CpuUse:
+        main_tid = threading.get_native_id()
+        by: dict[str, float] = {}
+        for tid, (name, cpu) in b.threads.items():
+            if tid == main_tid:
+                continue
+            spent = cpu - a.threads.get(tid, (name, 0.0))[1]
+            if spent > 0:
+                # Numbered pool threads (checkflow-copy_0, ...) count under one name.
+                key = name.rstrip("0123456789").rstrip("_-") or name
+                by[key] = by.get(key, 0.0) + spent
+        return cls(b.process - a.process, b.main - a.main, by)
+
+
 # -- strategies ------------------------------------------------------------------------------
 class Strategy:
     """One way of checkpointing. The runner calls, in order: ``open``, ``warm`` (one untimed
@@ -108,6 +181,10 @@ class Strategy:
 
     def warm(self) -> None:
         pass
+
+    def steps(self, args: argparse.Namespace) -> int:
+        """Timed steps for this strategy."""
+        return int(args.steps)
 
     def before_opt_step(self) -> None:
         pass
@@ -319,6 +396,10 @@ class Checkflow(Strategy):
         self.max_overhead = max_overhead
         self.ckpt: Any = None
         self._base = (0, 0, 0, 0, 0, 0)
+        self.changes: IntervalLog | None = None
+        self.persist_nice: int | None = None
+        """CHECKFLOW_PERSIST_NICE for this run (None: the default)."""
+        self._saved_nice: str | None = None
 
     def _checkpointer(self, every: int | str) -> Any:
         from checkflow import Checkpointer
@@ -335,13 +416,27 @@ class Checkflow(Strategy):
 
     def open(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         super().open(model, opt)
+        if self.k is None:
+            self.changes = IntervalLog()
+            self.changes.attach()
+        if self.persist_nice is not None:
+            # Read by the persist thread when it starts: set for the whole run.
+            self._saved_nice = os.environ.get("CHECKFLOW_PERSIST_NICE")
+            os.environ["CHECKFLOW_PERSIST_NICE"] = str(self.persist_nice)
         self.ckpt = self._checkpointer(self.k if self.k is not None else "auto")
         self.ckpt.open()
 
     def warm(self) -> None:
-        self.ckpt.save().result()
+        if self.k is not None:
+            self.ckpt.save().result()
+        # every="auto" starts cold, as in a real job: its first checkpoints measure what a
+        # checkpoint costs, and their cost counts (an untimed warm one would feed the tuner a
+        # checkpoint whose persist ran while training was not).
         s = self.ckpt.stats
         self._base = (s.due, s.taken, s.waits, len(s.stalls_s), s.bytes_written, s.committed)
+
+    def steps(self, args: argparse.Namespace) -> int:
+        return int(args.auto_steps) if self.k is None else int(args.steps)
 
     def after_step(self, step: int) -> None:
         self.ckpt.step()
@@ -362,6 +457,13 @@ class Checkflow(Strategy):
     def close(self) -> None:
         if self.ckpt is not None:
             self.ckpt.close()
+        if self.changes is not None:
+            self.changes.detach()
+        if self.persist_nice is not None:
+            if self._saved_nice is None:
+                os.environ.pop("CHECKFLOW_PERSIST_NICE", None)
+            else:
+                os.environ["CHECKFLOW_PERSIST_NICE"] = self._saved_nice
 
     @property
     def restorable(self) -> bool:
@@ -375,7 +477,45 @@ class Checkflow(Strategy):
             ckpt.close()
 
 
+class IntervalLog(logging.Handler):
+    """Collects the interval changes ``every="auto"`` logs ("checkpoint interval now N
+    steps ..."), with the step count at each, for the report."""
+
+    LOGGER = "checkflow.checkpointer"
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+        self._saved: tuple[int, bool] | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith("checkpoint interval now"):
+            self.messages.append(text.removeprefix("checkpoint interval now "))
+
+    def attach(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        self._saved = (logger.level, logger.propagate)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # keep the console quiet; the report prints them
+        logger.addHandler(self)
+
+    def detach(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeHandler(self)
+        if self._saved is not None:
+            logger.setLevel(self._saved[0])
+            logger.propagate = self._saved[1]
+
+
 def make_strategy(name: str, k: int | None, root: str, max_overhead: float) -> Strategy:
+    if name.startswith("checkflow-") and "+nice" in name:
+        # checkflow-exact+nice10: the persist thread at that nice (CHECKFLOW_PERSIST_NICE).
+        base, _, nice = name.partition("+nice")
+        strat = make_strategy(base, k, root, max_overhead)
+        assert isinstance(strat, Checkflow)
+        strat.name, strat.persist_nice = name, int(nice)
+        return strat
     if name == "none":
         return NoCheckpoint(name, None, root)
     if name == "torch.save":
@@ -392,7 +532,7 @@ def make_strategy(name: str, k: int | None, root: str, max_overhead: float) -> S
         return Checkflow(name, k, root, codec=codec, max_overhead=max_overhead)
     raise SystemExit(
         f"unknown strategy {name!r}; known: none, torch.save, dcp.save, dcp.async, "
-        "dcp.async-staged, checkflow-<codec>, checkflow-auto[-<codec>]"
+        "dcp.async-staged, checkflow-<codec>[+nice<N>], checkflow-auto[-<codec>]"
     )
 
 
@@ -418,6 +558,33 @@ class Result:
     """Mean step time of the paired no-checkpoint steps run just before this strategy."""
     restore_s: float = float("nan")
     extra: dict[str, Any] = field(default_factory=dict)
+    cpu: CpuUse | None = None
+    """CPU spent over the timed steps and the drain."""
+    base_cpu_step: float = float("nan")
+    """Process CPU seconds per paired no-checkpoint step."""
+    state_bytes: int = 0
+    """Bytes of the state one checkpoint holds (before any codec)."""
+
+    @property
+    def gib_checkpointed(self) -> float:
+        """State bytes of the checkpoints taken, in GiB (codec-independent)."""
+        return self.taken * self.state_bytes / 2**30
+
+    @property
+    def bg_cpu_per_gib(self) -> float:
+        """CPU seconds of every thread but the training thread, per GiB checkpointed."""
+        if self.cpu is None or not self.gib_checkpointed:
+            return float("nan")
+        return self.cpu.background / self.gib_checkpointed
+
+    @property
+    def extra_cpu_per_gib(self) -> float:
+        """Process CPU beyond what the paired baseline's steps predict, per GiB
+        checkpointed: the background work plus the training thread's own checkpoint calls
+        and slow-down (noisier: it includes the training thread's cache misses)."""
+        if self.cpu is None or not self.gib_checkpointed:
+            return float("nan")
+        return (self.cpu.process - self.base_cpu_step * self.steps) / self.gib_checkpointed
 
     @property
     def total_s(self) -> float:
@@ -452,19 +619,24 @@ def run_one(
         # A paired baseline just before the strategy: other jobs on a shared machine change
         # its speed over minutes, and this tracks that drift (the global baseline cannot).
         base_times = []
+        cpu_a = CpuSample.now()
         for i in range(args.baseline_steps):
             ts = time.perf_counter()
             train_step(model, opt, batches[i % len(batches)])
             base_times.append(time.perf_counter() - ts)
+        base_cpu = CpuUse.between(cpu_a, CpuSample.now())
         step_times = []
+        cpu0 = CpuSample.now()
         t0 = time.perf_counter()
-        for i in range(args.steps):
+        steps = strat.steps(args)
+        for i in range(steps):
             ts = time.perf_counter()
             train_step(model, opt, batches[i % len(batches)], strat.before_opt_step)
             strat.after_step(i + 1)
             step_times.append(time.perf_counter() - ts)
         loop = time.perf_counter() - t0
         drain = timed(strat.drain)
+        cpu = CpuUse.between(cpu0, CpuSample.now())
         res = Result(
             name=strat.name,
             k=strat.k,
@@ -478,7 +650,15 @@ def run_one(
             bytes_per_ckpt=median(strat.ckpt_bytes),
             interval=strat.interval,
             base_step_s=sum(base_times) / len(base_times) if base_times else float("nan"),
-            extra={"steps": args.steps},
+            extra={
+                "steps": steps,
+                "changes": list(strat.changes.messages)
+                if isinstance(strat, Checkflow) and strat.changes is not None
+                else [],
+            },
+            cpu=cpu,
+            base_cpu_step=base_cpu.process / max(1, args.baseline_steps),
+            state_bytes=args.state_bytes,
         )
         if strat.restorable and args.restore_reps:
             res.restore_s = median_time(strat.restore_once, args.restore_reps, warmup=0)
@@ -616,6 +796,75 @@ def report(summaries: list[Summary], base_s: float, copy_s: float, load_s: float
     return [table(headers, rows)]
 
 
+def cpu_report(summaries: list[Summary]) -> list[str]:
+    """CPU seconds per GiB checkpointed, with the background threads that spent them."""
+    rows = []
+    for g in summaries:
+        if g.name == "none" or not any(r.taken for r in g.runs):
+            continue
+        names: dict[str, list[float]] = {}
+        for r in g.runs:
+            assert r.cpu is not None
+            for name, spent in r.cpu.by_thread.items():
+                names.setdefault(name, []).append(spent / r.gib_checkpointed)
+        threads = ", ".join(
+            f"{n} {median(v):.2f}"
+            for n, v in sorted(names.items(), key=lambda kv: -median(kv[1]))
+            if median(v) >= 0.005
+        )
+        rows.append(
+            [
+                g.name,
+                "-" if g.k is None else str(g.k),
+                f"{g.med(lambda r: r.gib_checkpointed):.2f}",
+                spread_text(g, lambda r: r.bg_cpu_per_gib, "{:.2f}"),
+                spread_text(g, lambda r: r.extra_cpu_per_gib, "{:.2f}"),
+                threads or "-",
+            ]
+        )
+    if not rows:
+        return []
+    headers = [
+        "strategy",
+        "K",
+        "GiB/run",
+        "background CPU s/GiB",
+        "extra CPU s/GiB",
+        "by thread (s/GiB, median)",
+    ]
+    return [table(headers, rows)]
+
+
+def spread_text(g: Summary, fn: Any, fmt: str) -> str:
+    text = fmt.format(g.med(fn))
+    if len(g.runs) > 1:
+        lo, hi = g.spread(fn)
+        text += f" [{fmt.format(lo)}..{fmt.format(hi)}]"
+    return text
+
+
+def cpu_targets(summaries: list[Summary]) -> list[str]:
+    """Background CPU per GiB: checkflow against DCP's ``async_save`` with async staging
+    (the DCP setting whose copy, like checkflow's, runs off the training thread)."""
+    out = []
+    for g in summaries:
+        if not g.name.startswith("checkflow-") or g.k is None:
+            continue
+        peer = next((p for p in summaries if p.name == "dcp.async-staged" and p.k == g.k), None)
+        if peer is None:
+            continue
+        mine, theirs = g.med(lambda r: r.bg_cpu_per_gib), peer.med(lambda r: r.bg_cpu_per_gib)
+        extra = g.med(lambda r: r.extra_cpu_per_gib) / peer.med(lambda r: r.extra_cpu_per_gib)
+        out.append(
+            f"{verdict(mine <= theirs / 2, g, peer)} background CPU {g.name} K={g.k}: "
+            f"{spread_text(g, lambda r: r.bg_cpu_per_gib, '{:.2f}')} s/GiB vs "
+            f"{peer.name} {spread_text(peer, lambda r: r.bg_cpu_per_gib, '{:.2f}')} s/GiB "
+            f"= {mine / theirs:.2f}x (target <= 0.5x; extra CPU incl. the training thread "
+            f"{extra:.2f}x)"
+        )
+    return out
+
+
 def verdict(ok: bool, *groups: Summary) -> str:
     """PASS/MISS, or UNEQUAL when a compared run skipped due checkpoints."""
     if not all(g.equal_work for g in groups):
@@ -635,7 +884,7 @@ def paired_ratios(mine: Summary, theirs: Summary) -> list[float]:
 def targets(
     summaries: list[Summary], copy_s: float, load_s: float, max_overhead: float
 ) -> list[str]:
-    out = []
+    out = cpu_targets(summaries)
     flow = [g for g in summaries if g.name.startswith("checkflow-")]
     for g in flow:
         stall = g.med(lambda r: median(r.stalls) if r.stalls else float("nan"))
@@ -710,6 +959,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="no-checkpoint steps timed just before each strategy (the paired baseline)",
     )
     p.add_argument("--max-overhead", type=float, default=0.05, help="for checkflow-auto")
+    p.add_argument(
+        "--auto-steps",
+        type=int,
+        default=200,
+        help="timed steps of checkflow-auto, which starts cold: its measurement checkpoints count",
+    )
     p.add_argument("--restore-reps", type=int, default=3)
     p.add_argument(
         "--repeats",
@@ -723,6 +978,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.params_mib, args.hidden, args.steps, args.batch = 16.0, 1024, 12, 32
+        args.auto_steps = 40
         args.warmup, args.restore_reps, args.baseline_steps = 2, 1, 4
     args.layers = layers_for(args.params_mib, args.hidden)
     return args
@@ -747,6 +1003,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(4)
     ]
     copy_s, nbytes = reference_copy_s(args, batches)
+    args.state_bytes = nbytes
     load_s = reference_restore_s(args, batches, os.path.join(parent, "ref"))
     print(
         f"state {fmt_bytes(nbytes)} ({args.layers} x Linear({args.hidden}, {args.hidden}) + "
@@ -777,9 +1034,13 @@ def main(argv: list[str] | None = None) -> None:
                     f"  [{repeat + 1}/{args.repeats}] {name:<20} "
                     f"K={k if k is not None else '-':<4} total {r.total_s:6.2f} s, "
                     f"{r.taken}/{r.due} ckpts, {r.waits} waits, "
-                    f"paired overhead {100 * r.paired_overhead:+.1f}%",
+                    f"paired overhead {100 * r.paired_overhead:+.1f}%, "
+                    f"background CPU {r.bg_cpu_per_gib:.2f} s/GiB "
+                    f"(extra CPU {r.extra_cpu_per_gib:.2f} s/GiB)",
                     flush=True,
                 )
+                for change in r.extra["changes"]:
+                    print(f"      interval now {change}", flush=True)
     finally:
         if args.dir is None:
             shutil.rmtree(parent, ignore_errors=True)
@@ -797,6 +1058,9 @@ def main(argv: list[str] | None = None) -> None:
     summaries = combine(results)
     print()
     for line in report(summaries, base_s, copy_s, load_s):
+        print(line)
+    print()
+    for line in cpu_report(summaries):
         print(line)
     print()
     for line in targets(summaries, copy_s, load_s, args.max_overhead):

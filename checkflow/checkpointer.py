@@ -390,7 +390,7 @@ class Checkpointer:
         if self._client is not None:
             self._client.report_progress(self._step, dt, meter.last_cost_s, meter.last_persist_s)
         if meter.step_ended(dt):
-            self.stats.interval = meter.retune(log)
+            self.stats.interval = meter.retune(log, self._step)
 
     def _on_persisted(self, result: RankResult) -> None:
         # Runs on the persist thread, which has counted the result in self.stats.

@@ -113,6 +113,11 @@ class FrequencyTuner:
         _push(self._persists, persist_s, self.window)
 
     @property
+    def measured(self) -> int:
+        """Checkpoints measured so far (within the window)."""
+        return len(self._costs)
+
+    @property
     def iteration_s(self) -> float | None:
         """Median duration of a step with no checkpoint in flight, once observed."""
         return statistics.median(self._iterations) if self._iterations else None

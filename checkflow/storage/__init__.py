@@ -6,7 +6,8 @@ It knows paths and bytes, never tensors. Its modules, each one concern:
 - :mod:`~checkflow.storage.errors`: what a store's exception means (:func:`classify_error`)
   and the errors raised to callers;
 - :mod:`~checkflow.storage.retry`: exponential backoff for transient errors only;
-- :mod:`~checkflow.storage.atomic`: local files that appear whole or not at all.
+- :mod:`~checkflow.storage.atomic`: local files that appear whole or not at all;
+- :mod:`~checkflow.storage.direct`: local files written around the page cache (O_DIRECT).
 
 Transient errors (a dropped connection, a timeout, a 5xx or a throttling answer from S3) are
 retried with exponential backoff. Errors that no retry can fix (no credentials, credentials the

@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from checkflow import knobs
 from checkflow.storage.atomic import write_file_atomic
+from checkflow.storage.direct import write_parts
 from checkflow.storage.errors import Failure, StorageError, access_message, classify_error
 from checkflow.storage.retry import call_with_retries
 from checkflow.types import Buffer
@@ -126,9 +128,7 @@ class Storage:
         os.makedirs(os.path.dirname(target), exist_ok=True)
 
         def write(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                for p in parts:
-                    f.write(p)
+            write_parts(tmp, parts, direct=knobs.direct_io())
 
         write_file_atomic(target, write)
 

@@ -87,18 +87,23 @@ class CostMeter:
         self._current = None
         return True
 
-    def retune(self, log: logging.Logger) -> int:
+    def retune(self, log: logging.Logger, step: int | None = None) -> int:
         """After :meth:`step_ended` returned True: the tuner's interval, updated from the
-        measurements so far; a change is logged to ``log`` (the ``Checkpointer``'s)."""
+        measurements so far; a change is logged to ``log`` (the ``Checkpointer``'s) with
+        the training ``step`` it happened at."""
         tuner = self.tuner
         assert tuner is not None
+        old = tuner.interval
         if tuner.update():
             p = tuner.profile
             assert p is not None
             log.info(
-                "checkpoint interval now %d steps (step %.4fs, cost %.4fs, persist %.4fs, "
-                "budget %.1f%%)",
+                "checkpoint interval now %d steps (was %d; at step %s after %d measured "
+                "checkpoints: step %.4fs, cost %.4fs, persist %.4fs, budget %.1f%%)",
                 tuner.interval,
+                old,
+                "?" if step is None else step,
+                tuner.measured,
                 p.iteration_s,
                 p.cost_s,
                 p.persist_s,

@@ -121,6 +121,25 @@ def test_cost_meter_replaces_a_measurement_whose_persist_failed():
     assert meter.last_persist_s == 0.3
 
 
+def test_retune_logs_the_change_with_its_step_and_the_checkpoints_measured(caplog):
+    import logging
+
+    tuner = FrequencyTuner(warmup_interval=10, max_overhead=0.05)
+    meter = CostMeter(tuner)
+    meter.step_ended(0.1)
+    meter.checkpoint_started(10, stall_s=0.2, future=Future())
+    meter.persisted(10, duration_s=0.3, last_stall_s=0.2)
+    assert meter.step_ended(0.1)
+    log = logging.getLogger("checkflow.test-retune")
+    with caplog.at_level(logging.INFO, logger=log.name):
+        # cost 0.2 s at 5 % of 0.1 s steps: 40 steps
+        assert meter.retune(log, 11) == 40
+        assert meter.retune(log, 12) == 40  # unchanged: not logged again
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1
+    assert messages[0].startswith("checkpoint interval now 40 steps (was 10; at step 11 after 1")
+
+
 def test_cost_meter_without_a_tuner_only_keeps_the_last_stall_and_persist():
     meter = CostMeter(None)
     meter.checkpoint_started(5, stall_s=0.04, future=Future())
