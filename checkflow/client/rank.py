@@ -29,6 +29,7 @@ from checkflow.client.progress import ProgressReport
 from checkflow.client.transport import Channel, CoordinatorUnavailable, why
 from checkflow.protocol import (
     Action,
+    CheckpointKind,
     CheckpointPublic,
     CheckpointTier,
     CommitReport,
@@ -50,23 +51,20 @@ logger = logging.getLogger(__name__)
 ABORT_EXIT_CODE = 75
 """Exit status of a rank told to abort (EX_TEMPFAIL: restart the group and try again)."""
 MAX_BACKOFF_S = 4.0
-"""Longest wait between retries while the coordinator is unreachable. Below its default
-heartbeat timeout (10 s) so a restarted coordinator hears from every rank within the fresh
-grace period it gives them."""
+"""Longest wait between retries while the coordinator is unreachable: below its default
+heartbeat timeout (10 s), so a restarted coordinator hears from every rank in its grace."""
 
 _jitter = random.Random()
-"""The heartbeat's backoff jitter has its own generator: drawing from the global one on this
-thread would shift the training's ``random`` sequence (which checkpoints save and restore)
-by however many retries happened, so no run would repeat an uninterrupted one."""
+"""The backoff jitter's own generator: the global one would shift the training's ``random``
+sequence (saved in checkpoints) by the number of retries, so no run would repeat another."""
 
 
 class CoordinatorClient:
     """One rank's link to the coordinator.
 
-    Call order: :meth:`register` once (before restoring), :meth:`start`, then
-    :meth:`report_progress` after every step, :meth:`should_checkpoint` to decide,
-    :meth:`report_persisted` from the persist thread, :meth:`report_committed` after the
-    commit, and :meth:`close` at the end.
+    Call order: :meth:`register` (before restoring), :meth:`start`, :meth:`report_progress`
+    after every step, :meth:`should_checkpoint`, :meth:`report_persisted` (persist thread),
+    :meth:`report_committed`, :meth:`close`.
 
     Args:
         url: Base URL of the coordinator, e.g. ``http://coord:8470``.
@@ -212,14 +210,18 @@ class CoordinatorClient:
         return None if s is None else s.is_checkpoint(step)
 
     def report_persisted(
-        self, step: int, nbytes: int, duration_s: float, manifest_path: str, tier: str = "storage"
+        self,
+        step: int,
+        nbytes: int,
+        duration_s: float,
+        manifest_path: str,
+        tier: str = "storage",
+        kind: str | None = None,
     ) -> bool | None:
-        """This rank persisted its part of ``step`` (in ``tier``); call from a persist thread.
-
-        Returns:
-            True: this rank writes the commit (it completed the set); False: it must not
-            (others persisting, an ended generation, the RAM tier); None: no answer.
-        """
+        """This rank persisted its part of ``step`` in ``tier`` (``kind``: ``full`` or
+        ``delta``, shown by the coordinator); call from a persist thread. Returns True: this
+        rank writes the commit (it completed the set); False: it must not (others persisting,
+        an ended generation, the RAM tier); None: no answer."""
         if self._generation is None:
             return None
         try:
@@ -229,11 +231,10 @@ class CoordinatorClient:
                 duration_s=duration_s,
                 manifest_path=manifest_path,
                 tier=None if tier == "storage" else CheckpointTier(tier),
+                kind=None if kind is None else CheckpointKind(kind),
             )
         except ValidationError as e:  # the coordinator would refuse it: agree locally
-            logger.warning(
-                "checkpoint %d: report not sent, the coordinator would refuse: %s", step, e
-            )
+            logger.warning("checkpoint %d: report not sent (it would be refused): %s", step, e)
             return None
         path = paths.path(paths.PART, job=self.job, step=step, rank=self.rank)
         try:
@@ -260,11 +261,8 @@ class CoordinatorClient:
             logger.warning("could not report commit of step %d: %s", step, e)
 
     def finish(self) -> None:
-        """Training ended normally: the coordinator stops watching this rank.
-
-        Call it before :meth:`close` when the training loop completed; without it, the
-        rank's silence after exit is declared a failure after the heartbeat timeout.
-        """
+        """Training ended normally: the coordinator stops watching this rank. Call it before
+        :meth:`close`; without it, the rank's silence after exit is declared a failure."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)

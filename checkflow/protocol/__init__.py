@@ -41,6 +41,7 @@ from checkflow.protocol.messages import (
 from checkflow.protocol.schedule import Schedule
 from checkflow.protocol.status import (
     Action,
+    CheckpointKind,
     CheckpointSource,
     CheckpointStatus,
     CheckpointTier,
@@ -57,6 +58,7 @@ __all__ = [
     "CheckpointList",
     "CheckpointPublic",
     "CheckpointSource",
+    "CheckpointKind",
     "CheckpointTier",
     "CheckpointStatus",
     "CommitReport",

@@ -25,6 +25,7 @@ from checkflow.protocol.fields import (
 from checkflow.protocol.schedule import Schedule
 from checkflow.protocol.status import (
     Action,
+    CheckpointKind,
     CheckpointSource,
     CheckpointStatus,
     CheckpointTier,
@@ -215,6 +216,11 @@ class PartReport(Strict):
         "memory (no commit to write); a step every rank holds there is a restore point too. "
         "Left out for storage, so that a coordinator without tiers takes the report.",
     )
+    kind: CheckpointKind | None = Field(
+        default=None,
+        description="full, or delta when some chunk of this part depends on an older step; "
+        "null: not said (a rank of an older checkflow).",
+    )
 
 
 class PartReply(BaseModel):
@@ -240,6 +246,11 @@ class CheckpointPublic(BaseModel):
     committed_at: float | None
     committer: int | None
     source: CheckpointSource
+    kind: CheckpointKind | None = Field(
+        default=None,
+        description="delta when some rank's part is one, full when every reported part is "
+        "full; null: unknown (found in storage, or reported by older ranks).",
+    )
 
 
 class CheckpointList(BaseModel):

@@ -57,6 +57,15 @@ class CheckpointSource(StrEnum):
     """Found committed (``MANIFEST.json``) when listing the job's storage."""
 
 
+class CheckpointKind(StrEnum):
+    """What a checkpoint stores, as ``MANIFEST.json``'s ``kind`` says."""
+
+    FULL = "full"
+    """Every chunk stands alone."""
+    DELTA = "delta"
+    """Some chunk is a difference from an older step (``delta``/``q8``... incremental codecs)."""
+
+
 class CheckpointTier(StrEnum):
     """Where a rank's part of a checkpoint is kept (issue 11)."""
 

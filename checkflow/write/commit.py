@@ -52,6 +52,8 @@ class RankResult:
     duration_s: float
     committed: bool = False
     """True on the rank that wrote the global manifest."""
+    kind: str = "full"
+    """``delta`` when some chunk of this part depends on an older step."""
 
 
 def write_commit(
@@ -88,7 +90,13 @@ class PersistReporter(Protocol):
     """The part of the coordinator client a commit needs (``CoordinatorClient``)."""
 
     def report_persisted(
-        self, step: int, nbytes: int, duration_s: float, manifest_path: str, tier: str = ...
+        self,
+        step: int,
+        nbytes: int,
+        duration_s: float,
+        manifest_path: str,
+        tier: str = ...,
+        kind: str | None = ...,
     ) -> bool | None:
         """True: this rank commits; False: another does; None: no answer (coordinator down).
         ``tier`` ``"ram"``: the part is in node memory (``checkflow.memory``)."""
@@ -109,7 +117,7 @@ class CoordinatorCommit(CommitProtocol):
 
     def rank_persisted(self, step: int, rank: RankResult) -> bool:
         answer = self.client.report_persisted(
-            step, rank.nbytes, rank.duration_s, rank.manifest_path
+            step, rank.nbytes, rank.duration_s, rank.manifest_path, kind=rank.kind
         )
         if answer is None:
             return self.local.rank_persisted(step, rank)

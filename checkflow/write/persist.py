@@ -217,6 +217,7 @@ class PersistWorker:
         result = RankResult(
             snap.step, self.rank, manifest_path, writer.total, time.perf_counter() - t0
         )
+        result.kind = "delta" if is_delta else "full"
         if delay := knobs.commit_delay_s():
             time.sleep(delay)  # fault injection for tests: a window to kill us mid-persist
         if self.commit.rank_persisted(snap.step, result):

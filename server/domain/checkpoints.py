@@ -15,6 +15,7 @@ from checkflow_server.domain.state import Checkpoint, Job, Part
 from checkflow_server.domain.views import checkpoint_public
 
 from checkflow.protocol import (
+    CheckpointKind,
     CheckpointPublic,
     CheckpointSource,
     CheckpointStatus,
@@ -69,12 +70,23 @@ def report_part(
     ck.nbytes += body.nbytes - (old.nbytes if old else 0)
     part = Part(rank, body.nbytes, body.duration_s, body.manifest_path, now)
     ck.parts[rank] = part
+    ck.kind = combined_kind(ck.kind, body.kind)
     ck.persisted = len(ck.parts)
     if len(ck.parts) == job.world_size and ck.committer is None:
         ck.committer = rank
     changes.checkpoint(ck)
     changes.parts.append((step, part))
     return _part_reply(job, ck, must_commit=ck.committer == rank), changes
+
+
+def combined_kind(
+    so_far: CheckpointKind | None, part: CheckpointKind | None
+) -> CheckpointKind | None:
+    """A checkpoint is a delta when any part is one (``write_commit``'s rule for
+    ``MANIFEST.json``); a part that does not say leaves what is known."""
+    if part is None or so_far == CheckpointKind.DELTA:
+        return so_far
+    return part
 
 
 def _ram_part(job: Job, step: int, rank: int) -> PartReply:

@@ -11,7 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from checkflow.protocol import CheckpointSource, CheckpointStatus, RankState, Schedule
+from checkflow.protocol import (
+    CheckpointKind,
+    CheckpointSource,
+    CheckpointStatus,
+    RankState,
+    Schedule,
+)
 
 UNKNOWN = -1.0
 """Marker for a measurement a rank has not reported yet (all real values are >= 0)."""
@@ -94,6 +100,8 @@ class Checkpoint:
     committer: int | None = None
     nbytes: int = 0
     source: CheckpointSource = CheckpointSource.RANKS
+    kind: CheckpointKind | None = None
+    """delta once any rank reported a delta part; full while every reported part is full."""
     persisted: int = 0
     """Ranks that reported their part (kept when ``parts`` is not loaded)."""
     parts: dict[int, Part] = field(default_factory=dict)

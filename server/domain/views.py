@@ -80,6 +80,7 @@ def checkpoint_public(job: Job, ck: Checkpoint) -> CheckpointPublic:
         committed_at=ck.committed_at,
         committer=ck.committer,
         source=ck.source,
+        kind=ck.kind,
     )
 
 

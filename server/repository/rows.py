@@ -16,6 +16,7 @@ from checkflow_server.domain.state import UNKNOWN, Checkpoint, Job, Part, RankTa
 from checkflow_server.domain.views import measured
 
 from checkflow.protocol import (
+    CheckpointKind,
     CheckpointSource,
     CheckpointStatus,
     EventPublic,
@@ -41,7 +42,7 @@ CREATE TABLE IF NOT EXISTS ranks (
 CREATE TABLE IF NOT EXISTS checkpoints (
     job_id INTEGER NOT NULL, step INTEGER NOT NULL, generation INTEGER NOT NULL,
     status TEXT NOT NULL, started REAL NOT NULL, committed_at REAL, committer INTEGER,
-    nbytes INTEGER NOT NULL, source TEXT NOT NULL, persisted INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL, source TEXT NOT NULL, persisted INTEGER NOT NULL, kind TEXT,
     PRIMARY KEY (job_id, step)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS parts (
@@ -57,7 +58,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
 """
 
-ADDED_COLUMNS = (("jobs", "hang_timeout_s", "REAL"),)
+ADDED_COLUMNS = (("jobs", "hang_timeout_s", "REAL"), ("checkpoints", "kind", "TEXT"))
 """Columns added since the first schema: (table, column, type). A database written by an
 older coordinator gets them (``ALTER TABLE ... ADD COLUMN``, NULL in existing rows)."""
 
@@ -190,6 +191,7 @@ def checkpoint_row(job_id: int, ck: Checkpoint) -> dict[str, Any]:
         "nbytes": ck.nbytes,
         "source": ck.source,
         "persisted": ck.persisted,
+        "kind": ck.kind,
     }
 
 
@@ -204,6 +206,7 @@ def checkpoint_from_row(row: sqlite3.Row) -> Checkpoint:
         nbytes=row["nbytes"],
         source=CheckpointSource(row["source"]),
         persisted=row["persisted"],
+        kind=CheckpointKind(row["kind"]) if row["kind"] else None,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import httpx
 
 from checkflow.protocol import (
+    CheckpointKind,
     CheckpointPublic,
     CommitReport,
     FailureReport,
@@ -52,8 +53,10 @@ class ApiRanks:
             reply = HeartbeatReply.model_validate(self._send("POST", path, body))
         return reply
 
-    def persist(self, step: int, nbytes: int, ranks: range | None = None) -> list[PartReply]:
-        """``ranks`` (default all) report their part of checkpoint ``step`` persisted."""
+    def persist(
+        self, step: int, nbytes: int, ranks: range | None = None, kind: str = "full"
+    ) -> list[PartReply]:
+        """``ranks`` (default all) report their ``kind`` part of checkpoint ``step`` persisted."""
         replies = []
         for rank in ranks if ranks is not None else range(self.world):
             body = PartReport(
@@ -61,16 +64,19 @@ class ApiRanks:
                 nbytes=nbytes,
                 duration_s=0.5,
                 manifest_path=f"step-{step:09d}/rank-{rank:05d}.json",
+                kind=CheckpointKind(kind),
             )
             path = paths.path(paths.PART, job=self.job, step=step, rank=rank)
             replies.append(PartReply.model_validate(self._send("PUT", path, body)))
         return replies
 
-    def checkpoint(self, step: int, nbytes: int, ranks: range | None = None) -> CheckpointPublic:
+    def checkpoint(
+        self, step: int, nbytes: int, ranks: range | None = None, kind: str = "full"
+    ) -> CheckpointPublic:
         """``ranks`` (default all; the others did earlier) persist their part of ``step``,
         then the rank told to commit commits."""
         ranks = ranks if ranks is not None else range(self.world)
-        replies = self.persist(step, nbytes, ranks)
+        replies = self.persist(step, nbytes, ranks, kind)
         committer = next(r for r, p in zip(ranks, replies, strict=True) if p.must_commit)
         path = paths.path(paths.COMMIT, job=self.job, step=step)
         reply = self._send("POST", path, CommitReport(rank=committer))

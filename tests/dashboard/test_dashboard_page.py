@@ -69,9 +69,11 @@ def test_form_sign_in_shows_the_job_made_through_the_api_and_a_commit_appears_li
     checkpoint = page.locator('#checkpoints-table tr[data-step="10"]')
     expect(checkpoint).to_have_attribute("data-status", "in_progress")
     expect(checkpoint).to_contain_text("1/2")
-    ranks.checkpoint(10, 3 * MiB, range(1, 2))
+    expect(checkpoint).to_contain_text("full")
+    ranks.checkpoint(10, 3 * MiB, range(1, 2), kind="delta")  # one delta part: a delta
     expect(checkpoint).to_have_attribute("data-status", "committed")
     expect(checkpoint).to_contain_text("6.0 MiB")
+    expect(checkpoint).to_contain_text("delta")
     expect(row).to_contain_text("10")  # the job's restore step
 
     # It updated by polling the API, not by reloading the page.
@@ -120,7 +122,8 @@ def _train_fail_and_recover(ranks: ApiRanks) -> tuple[int, int]:
         step += 400
         ranks.heartbeat(step, iteration_s=0.5, stall_s=stall)
         time.sleep(0.25)  # a retune runs (every 0.1 s)
-        ranks.checkpoint(step, (40 if i % 4 == 0 else 6) * MiB)
+        full = i % 4 == 0  # a full checkpoint now and then, deltas between
+        ranks.checkpoint(step, (40 if full else 6) * MiB, kind="full" if full else "delta")
     restore = step
     step += 400
     ranks.heartbeat(step, iteration_s=0.5, stall_s=0.05)

@@ -18,7 +18,9 @@ class _Reporter:
         self.answer = answer
         self.calls: list[tuple[int, int, float, str]] = []
 
-    def report_persisted(self, step: int, nbytes: int, duration_s: float, manifest_path: str):
+    def report_persisted(
+        self, step: int, nbytes: int, duration_s: float, manifest_path: str, kind=None
+    ):
         self.calls.append((step, nbytes, duration_s, manifest_path))
         return self.answer
 

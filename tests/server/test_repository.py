@@ -11,6 +11,7 @@ from checkflow_server.domain.state import Checkpoint, Job, Part, RankTable
 from checkflow_server.repository import Repository, rows
 
 from checkflow.protocol import (
+    CheckpointKind,
     CheckpointStatus,
     CommitReport,
     Heartbeat,
@@ -39,7 +40,10 @@ def play(repo: Repository) -> Job:
         apply(ranks.rank_heartbeat(job, r, hb, 3.0))
     for step, who in ((10, (0, 1)), (20, (1,))):
         for r in who:
-            part = PartReport(generation=1, nbytes=100 + r, duration_s=0.5, manifest_path=f"m{r}")
+            kind = CheckpointKind.DELTA if (step, r) == (10, 1) else None  # 20: not said
+            part = PartReport(
+                generation=1, nbytes=100 + r, duration_s=0.5, manifest_path=f"m{r}", kind=kind
+            )
             apply(checkpoints.report_part(job, step, r, part, 4.0))
     apply(checkpoints.commit(job, 10, CommitReport(rank=1), 5.0))
     repo.save(job, tuning.retune(job, 6.0))
@@ -78,6 +82,22 @@ def test_a_saved_job_loads_back_as_it_was(tmp_path: Path) -> None:
     assert [rows.checkpoint_row(1, c) for c in loaded.checkpoints.values()] == [
         rows.checkpoint_row(1, c) for c in job.checkpoints.values()
     ]
+    assert (loaded.checkpoints[10].kind, loaded.checkpoints[20].kind) == ("delta", None)
+
+
+def test_a_database_of_an_older_coordinator_gets_the_added_columns(tmp_path: Path) -> None:
+    """``checkpoints.kind`` and ``jobs.hang_timeout_s`` came after the first schema: a
+    database without them opens, gains them (NULL in old rows) and stores them."""
+    path = tmp_path / "old.db"
+    old_schema = rows.SCHEMA.replace(", kind TEXT,", ",").replace(", hang_timeout_s REAL", "")
+    assert old_schema != rows.SCHEMA
+    with sqlite3.connect(path) as conn:
+        conn.executescript(old_schema)
+    repo = Repository(path)
+    job = play(repo)
+    repo.close()
+    (loaded,) = Repository(path).load_jobs()
+    assert loaded.checkpoints[10].kind == "delta" and loaded.id == job.id
 
 
 def test_events_are_the_newest_ones_oldest_first(tmp_path: Path) -> None:

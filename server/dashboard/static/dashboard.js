@@ -147,7 +147,8 @@ function timeline(cks) {
     const bar = svg("rect", { x: x(c.step) - barW / 2, y: height - pad - h, width: barW, height: h,
       fill: STATUS_COLOR[c.status] || "#555", "data-step": c.step, "data-status": c.status });
     bar.append(svg("title", {}, `step ${c.step}: ${c.status.replace("_", " ")}, ` +
-      `${bytes(c.nbytes)}, ${c.persisted_ranks}/${c.world_size} ranks, generation ${c.generation}`));
+      `${c.kind ? c.kind + ", " : ""}${bytes(c.nbytes)}, ${c.persisted_ranks}/${c.world_size} ranks, ` +
+      `generation ${c.generation}`));
     plot.append(bar);
   }
   plot.append(svg("text", { x: pad, y: height - 10, class: "tick" }, `step ${lo}`));
@@ -170,15 +171,15 @@ function renderCheckpoints(cks) {
     cells: [
       c.step,
       el("span", { class: "badge " + c.status }, c.status.replace("_", " ")),
-      c.generation, `${c.persisted_ranks}/${c.world_size}`, bytes(c.nbytes),
+      c.generation, `${c.persisted_ranks}/${c.world_size}`, bytes(c.nbytes), c.kind || "–",
       c.source === "storage" ? "found in storage" : "reported by ranks",
       clock(c.started), clock(c.committed_at),
       c.committed_at == null ? "–" : secs(c.committed_at - c.started),
     ],
   }));
   fill("checkpoints", cks.length
-    ? table(["step", "status", "generation", "ranks", "size", "source", "started", "committed",
-      "took"], rows, { id: "checkpoints-table" })
+    ? table(["step", "status", "generation", "ranks", "size", "kind", "source", "started",
+      "committed", "took"], rows, { id: "checkpoints-table" })
     : el("p", { class: "muted" }, "No checkpoints yet."));
 }
 
