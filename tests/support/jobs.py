@@ -147,13 +147,21 @@ class Recovery:
         )
 
 
-def recovery(events: Events, what: str, at: float, round_: int) -> Recovery:
+def recovery(
+    events: Events, what: str, at: float, round_: int, done: int | None = None
+) -> Recovery:
     """The recovery from a fault at time ``at`` (``time.time()``) in round ``round_``.
 
     The next trained step is the first one logged after ``at``, in any round; steps
-    redone are those of ``round_`` past the step that next round restored.
+    redone are those of ``round_`` past the step that next round restored. ``done``: the
+    step the faulting rank had finished; a slower peer that logs that step (or an earlier
+    one) of the same round after ``at`` trained it before the fault, not after.
     """
-    after = [s for s in events.steps if s.time > at]
+    after = [
+        s
+        for s in events.steps
+        if s.time > at and not (done is not None and s.round == round_ and s.step <= done)
+    ]
     assert after, f"{what}: no step was trained after the fault"
     first = min(after, key=lambda s: s.time)
     faults = 1 + sum(1 for f in events.injected if at < f.time < first.time)
@@ -186,7 +194,7 @@ def _restart_parts(events: Events, at: float, first: Step) -> dict[str, float]:
 def injected_recoveries(events: Events) -> list[Recovery]:
     """The recovery from every fault the job injected in itself, in order."""
     return [
-        recovery(events, f"{f.kind} of rank {f.rank} in round {f.round}", f.time, f.round)
+        recovery(events, f"{f.kind} of rank {f.rank} in round {f.round}", f.time, f.round, f.step)
         for f in sorted(events.injected, key=lambda f: f.time)
     ]
 
