@@ -27,16 +27,8 @@ def server(tmp_path: Path) -> Iterator[ThreadServer]:
 
 
 def make_client(url: str, rank: int = 0, world: int = 1, **kw: object) -> CoordinatorClient:
-    return CoordinatorClient(
-        url,
-        "job",
-        rank,
-        world,
-        token=TOKEN,
-        heartbeat_interval_s=0.05,
-        heartbeat_timeout_s=1.0,
-        **kw,
-    )  # type: ignore[arg-type]
+    kw = {"heartbeat_interval_s": 0.05, "heartbeat_timeout_s": 1.0, **kw}
+    return CoordinatorClient(url, "job", rank, world, token=TOKEN, **kw)  # type: ignore[arg-type]
 
 
 def test_schedule_keeps_the_old_interval_below_the_new_anchor() -> None:
@@ -81,6 +73,19 @@ def test_register_heartbeat_and_report_steps(server: ThreadServer) -> None:
         c.finish()
     assert server.get("/v1/jobs/job/restore-point")["step"] == 10
     assert server.get("/v1/jobs/job/ranks")["ranks"][0]["state"] == "finished"
+
+
+def test_finish_sends_the_last_progress_a_short_run_never_beat(server: ThreadServer) -> None:
+    # A run (or the last round after a restart) that ends before its first heartbeat: the
+    # coordinator still learns its last step and step time (an XLA job's 3-step round did).
+    with make_client(server.url, heartbeat_interval_s=3600.0) as c:
+        assert c.register() is not None
+        c.start()
+        c.report_progress(4, 0.25, 0.02, 0.3)
+        c.finish()
+    rank = server.get("/v1/jobs/job/ranks")["ranks"][0]
+    assert (rank["state"], rank["step"]) == ("finished", 4)
+    assert (rank["iteration_s"], rank["stall_s"], rank["persist_s"]) == (0.25, 0.02, 0.3)
 
 
 def test_abort_calls_on_abort_with_the_reason(server: ThreadServer) -> None:

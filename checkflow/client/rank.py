@@ -268,6 +268,18 @@ class CoordinatorClient:
             self._thread.join(timeout=5)
         if self._generation is None:
             return
+        # One last heartbeat first: a short run (or a short last round after a restart) can
+        # end between two beats, and the coordinator would never see its step times.
+        beat = self._progress.heartbeat(self._generation)
+        try:
+            self._reports.call(
+                "POST",
+                paths.path(paths.RANK_HEARTBEAT, job=self.job, rank=self.rank),
+                beat,
+                HeartbeatReply,
+            )
+        except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
+            logger.debug("last heartbeat of rank %d not taken: %s", self.rank, e)
         path = paths.path(paths.FINISH, job=self.job, rank=self.rank)
         step = None if self._progress.step is None else max(0, self._progress.step)
         body = FinishRequest(generation=self._generation, step=step)
