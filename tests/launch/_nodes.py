@@ -109,6 +109,23 @@ def start_node(
     return Node(name, proc, out)
 
 
+def two_node_options(rdzv_port: int, job: str, coordinator_url: str, token: str) -> list[str]:
+    """``checkflow run``'s options for one of two stand-in nodes of ``job``: one rank each,
+    c10d rendezvous on 127.0.0.1, three restarts, reporting to the coordinator."""
+    options = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
+    options += [f"--rdzv-endpoint=127.0.0.1:{rdzv_port}", f"--rdzv-id={job}"]
+    options += ["--max-restarts=3", "--monitor-interval=0.1"]
+    return options + ["--coordinator", coordinator_url, "--job", job, "--token", token]
+
+
+def gated_job_args(tmp_path: Path, steps: int, gate_step: int, gate: Path) -> list[str]:
+    """``_ddp_job.py``'s arguments for a run of ``steps`` that waits after ``gate_step``
+    until ``gate`` exists (the test's fault comes there) and never kills itself."""
+    args = ["--dir", str(tmp_path / "ckpt"), "--steps", str(steps)]
+    args += ["--events", str(tmp_path), "--kill-at", "1000000"]
+    return args + ["--gate", f"{gate_step}:{gate}"]
+
+
 def wait_for_port(port: int, node: Node, timeout: float = 30) -> None:
     """Until something listens on ``port`` (the node's rendezvous store)."""
     deadline = time.monotonic() + timeout

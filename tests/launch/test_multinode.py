@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,10 @@ from tests.launch._nodes import (
     create_job,
     events,
     fail,
+    gated_job_args,
     lines,
-    reference_states,
     start_node,
+    two_node_options,
     wait_for,
     wait_for_port,
 )
@@ -35,19 +35,6 @@ STEPS = 30
 GATE = 13
 """Both ranks wait after this step until the test releases them (the fault comes there)."""
 HEARTBEAT_TIMEOUT_S = 3.0
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return reference_states(tmp_path_factory.mktemp("reference"), STEPS)
-
-
-@pytest.fixture
-def coordinator(tmp_path: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(tmp_path / "coordinator.db")
-    server.start()
-    yield server
-    server.stop()
 
 
 class Cluster:
@@ -61,13 +48,8 @@ class Cluster:
         create_job(server.url, TOKEN, job, 2, HEARTBEAT_TIMEOUT_S)
 
     def start(self, name: str) -> Node:
-        launcher = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
-        launcher += [f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id={self.job}"]
-        launcher += ["--max-restarts=3", "--monitor-interval=0.1"]
-        launcher += ["--coordinator", self.server.url, "--job", self.job, "--token", TOKEN]
-        job = ["--dir", str(self.tmp_path / "ckpt"), "--steps", str(STEPS)]
-        job += ["--events", str(self.tmp_path), "--kill-at", "1000000"]
-        job += ["--gate", f"{GATE}:{self.gate}"]
+        launcher = two_node_options(self.port, self.job, self.server.url, TOKEN)
+        job = gated_job_args(self.tmp_path, STEPS, GATE, self.gate)
         node = start_node(self.tmp_path, name, launcher, job)
         self.nodes.append(node)
         return node

@@ -27,9 +27,10 @@ from tests.launch._nodes import (
     create_job,
     events,
     fail,
+    gated_job_args,
     lines,
-    reference_states,
     start_node,
+    two_node_options,
     wait_for,
     wait_for_port,
 )
@@ -41,19 +42,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 STEPS = 30
 GATE = 13
 JOB = "ram-peer"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return reference_states(tmp_path_factory.mktemp("reference"), STEPS)
-
-
-@pytest.fixture
-def coordinator(tmp_path: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(tmp_path / "coordinator.db")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -75,16 +63,11 @@ class Ring:
 
     def start(self, name: str, as_node: str) -> Node:
         other = "B" if as_node == "A" else "A"
-        launcher = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
-        launcher += [f"--rdzv-endpoint=127.0.0.1:{self.rdzv}", f"--rdzv-id={JOB}"]
-        launcher += ["--max-restarts=3", "--monitor-interval=0.1"]
-        launcher += ["--coordinator", self.server.url, "--job", JOB, "--token", TOKEN]
+        launcher = two_node_options(self.rdzv, JOB, self.server.url, TOKEN)
         launcher += ["--ram-tier", "--ram-root", str(self.shm)]
         launcher += ["--ram-listen", str(self.ports[as_node])]
         launcher += ["--ram-peer", f"127.0.0.1:{self.ports[other]}"]
-        job = ["--dir", str(self.tmp_path / "ckpt"), "--steps", str(STEPS)]
-        job += ["--events", str(self.tmp_path), "--kill-at", "1000000"]
-        job += ["--gate", f"{GATE}:{self.gate}"]
+        job = gated_job_args(self.tmp_path, STEPS, GATE, self.gate)
         node = start_node(self.tmp_path, name, launcher, job, env={"CHECKFLOW_RAM_NODE": as_node})
         self.nodes.append(node)
         return node

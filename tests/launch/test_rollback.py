@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from checkflow.protocol import CheckpointList, CheckpointStatus, paths
 from tests.launch._nodes import (
@@ -29,14 +27,6 @@ STEPS = 30
 GATE = 22
 """The ranks wait after this step until the test releases them: the roll-back comes there."""
 ROLL_BACK_TO = 10
-
-
-@pytest.fixture
-def coordinator(tmp_path: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(tmp_path / "coordinator.db")
-    server.start()
-    yield server
-    server.stop()
 
 
 def committed(url: str, job: str) -> set[int]:
