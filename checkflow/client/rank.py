@@ -20,7 +20,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 
 import httpx
 from pydantic import ValidationError
@@ -193,21 +193,17 @@ class CoordinatorClient:
 
     @property
     def interval(self) -> int | None:
-        s = self._schedule
-        return None if s is None else s.interval
+        return None if self._schedule is None else self._schedule.interval
 
     @property
     def next_checkpoint_step(self) -> int | None:
         """The first checkpoint step after the last step given to :meth:`report_progress`."""
         s, step = self._schedule, self._progress.step
-        if s is None:
-            return None
-        return s.next_after(step if step is not None else -1)
+        return None if s is None else s.next_after(step if step is not None else -1)
 
     def should_checkpoint(self, step: int) -> bool | None:
         """Whether ``step`` is a checkpoint step of the job; None before any reply."""
-        s = self._schedule
-        return None if s is None else s.is_checkpoint(step)
+        return None if self._schedule is None else self._schedule.is_checkpoint(step)
 
     def report_persisted(
         self,
@@ -268,18 +264,9 @@ class CoordinatorClient:
             self._thread.join(timeout=5)
         if self._generation is None:
             return
-        # One last heartbeat first: a short run (or a short last round after a restart) can
-        # end between two beats, and the coordinator would never see its step times.
-        beat = self._progress.heartbeat(self._generation)
-        try:
-            self._reports.call(
-                "POST",
-                paths.path(paths.RANK_HEARTBEAT, job=self.job, rank=self.rank),
-                beat,
-                HeartbeatReply,
-            )
-        except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
-            logger.debug("last heartbeat of rank %d not taken: %s", self.rank, e)
+        with suppress(CoordinatorUnavailable, httpx.HTTPStatusError):
+            # A short run (or last round) can end between two beats: send its step times.
+            self._send_beat(self._reports, self._generation)
         path = paths.path(paths.FINISH, job=self.job, rank=self.rank)
         step = None if self._progress.step is None else max(0, self._progress.step)
         body = FinishRequest(generation=self._generation, step=step)
@@ -357,10 +344,8 @@ class CoordinatorClient:
             except httpx.HTTPStatusError as e:
                 logger.error("coordinator refused registration: %s", why(e))
             return
-        path = paths.path(paths.RANK_HEARTBEAT, job=self.job, rank=self.rank)
         try:
-            beat = self._progress.heartbeat(self._generation)
-            reply = self._beats.call("POST", path, beat, HeartbeatReply)
+            reply = self._send_beat(self._beats, self._generation)
         except httpx.HTTPStatusError as e:
             code = e.response.status_code
             if code == 409:
@@ -379,6 +364,10 @@ class CoordinatorClient:
                 f"job {self.job} moved to generation {reply.generation} (this rank is in "
                 f"generation {self._generation}): another rank failed or a rollback was asked"
             )
+
+    def _send_beat(self, channel: Channel, generation: int) -> HeartbeatReply:
+        path = paths.path(paths.RANK_HEARTBEAT, job=self.job, rank=self.rank)
+        return channel.call("POST", path, self._progress.heartbeat(generation), HeartbeatReply)
 
     def _abort(self, reason: str) -> None:
         self._aborted = True
