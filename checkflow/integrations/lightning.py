@@ -15,7 +15,9 @@ callbacks (``ModelCheckpoint``'s best-k bookkeeping among them), the precision p
 (AMP scaler) and the RNG states. One ``Checkpointer`` step is one train batch. A
 checkpoint is taken at ``on_train_batch_end``, where Lightning itself saves mid-epoch
 checkpoints, so its loops know how to restart from there, after every other callback (the
-callback moves itself last), so that it holds their work of that batch.
+callback moves itself last), so that it holds their work of that batch. A checkpoint at
+an epoch's last batch resumes bitwise too: the restored epoch is reopened so that
+Lightning ends it and starts the next one as the uninterrupted run did (``_reopen_epoch``).
 
 ``ModelCheckpoint`` keeps doing best-k exports: they are Lightning checkpoints, written by
 the ``CheckpointIO`` plugin of the Trainer (``checkflow.integrations.lightning_io`` stores
