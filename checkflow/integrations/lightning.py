@@ -15,7 +15,9 @@ callbacks (``ModelCheckpoint``'s best-k bookkeeping among them), the precision p
 (AMP scaler) and the RNG states. One ``Checkpointer`` step is one train batch. A
 checkpoint is taken at ``on_train_batch_end``, where Lightning itself saves mid-epoch
 checkpoints, so its loops know how to restart from there, after every other callback (the
-callback moves itself last), so that it holds their work of that batch.
+callback moves itself last), so that it holds their work of that batch. A checkpoint at
+an epoch's last batch resumes bitwise too: the restored epoch is reopened so that
+Lightning ends it and starts the next one as the uninterrupted run did (``_reopen_epoch``).
 
 ``ModelCheckpoint`` keeps doing best-k exports: they are Lightning checkpoints, written by
 the ``CheckpointIO`` plugin of the Trainer (``checkflow.integrations.lightning_io`` stores
@@ -49,6 +51,8 @@ class LightningTrainerState:
     def __init__(self, trainer: pl.Trainer, skip: pl.Callback | None = None) -> None:
         self.trainer = trainer
         self.skip = skip
+        self.reopened_epoch = False
+        """Whether the restored state was saved at an epoch's last batch (see ``_reopen_epoch``)."""
 
     def _callbacks(self) -> list[pl.Callback]:
         return [cb for cb in self.trainer.callbacks if cb is not self.skip]
@@ -60,11 +64,8 @@ class LightningTrainerState:
             state = cb.state_dict()
             if state:
                 callbacks[cb.state_key] = state
-        fit_loop = trainer.fit_loop.state_dict()
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-            _mark_loaders_finished(fit_loop)
         out: dict[str, Any] = {
-            "fit_loop": fit_loop,
+            "fit_loop": trainer.fit_loop.state_dict(),
             "callbacks": callbacks,
             "precision": trainer.precision_plugin.state_dict(),
         }
@@ -74,7 +75,8 @@ class LightningTrainerState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         trainer = self.trainer
-        trainer.fit_loop.load_state_dict(state["fit_loop"])
+        fit_loop, self.reopened_epoch = _reopen_epoch(state["fit_loop"])
+        trainer.fit_loop.load_state_dict(fit_loop)
         for cb in self._callbacks():
             if cb.state_key in state["callbacks"]:
                 cb.load_state_dict(state["callbacks"][cb.state_key])
@@ -84,19 +86,24 @@ class LightningTrainerState:
             trainer.datamodule.load_state_dict(state["datamodule"])
 
 
-def _mark_loaders_finished(fit_loop: dict[str, Any]) -> None:
-    """Save the train loaders' states at an epoch's last batch as finished iterators.
+def _reopen_epoch(fit_loop: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The fit loop's state to load, and whether it was saved at an epoch's last batch.
 
-    Lightning knows the last batch from the loader's length, without asking the iterator
-    for one more, so a torchdata ``StatefulDataLoader`` there still reports an unfinished
-    iterator. Restarted from such a state, Lightning finishes the epoch and iterates the
-    *same* resumed iterator for the next epoch, which then yields nothing (Lightning 2.6).
-    A finished state makes the resumed loader start the next epoch, continuing its
-    sampler's generator, as the uninterrupted run does.
+    Restarted from ``on_train_batch_end`` of an epoch's last batch, Lightning 2.6 closes
+    that epoch in ``FitLoop.reset`` by counting it processed and completed, without running
+    what the uninterrupted run runs after that hook: the ``on_train_epoch_end`` hooks of
+    the callbacks and the module, the ``on_train_epoch_start`` hooks of the next epoch (its
+    progress counters stay one behind), and a new train iterator for it (``iter`` in
+    ``_TrainingEpochLoop.on_run_start`` is skipped while resuming, so the next epoch
+    iterates the restored, exhausted one). Loaded with ``is_last_batch`` cleared, the fit
+    loop restarts inside the epoch instead; the callback ends that epoch's batch loop at
+    its first fetch (``CheckflowCallback.on_train_start``), and Lightning then runs the
+    epoch's end and the next epoch's start as the uninterrupted run does.
     """
-    for loader_state in fit_loop.get("state_dict", {}).get("combined_loader", []):
-        if isinstance(loader_state, dict) and "_iterator_finished" in loader_state:
-            loader_state["_iterator_finished"] = True
+    batches = fit_loop.get("epoch_loop.batch_progress")
+    if not batches or not batches.get("is_last_batch"):
+        return fit_loop, False
+    return {**fit_loop, "epoch_loop.batch_progress": {**batches, "is_last_batch": False}}, True
 
 
 def trainer_state(trainer: pl.Trainer, skip: pl.Callback | None = None) -> dict[str, Any]:
@@ -135,6 +142,7 @@ class CheckflowCallback(pl.Callback):
         self.options = options
         self.checkpointer: Checkpointer | None = None
         self._rng_to_set: dict[str, Any] | None = None
+        self._at_epoch_end = False
         self.restored_step = 0
         """The step (train batches) the last ``fit`` resumed from; 0 when it started fresh."""
 
@@ -145,22 +153,25 @@ class CheckflowCallback(pl.Callback):
         # same batch (ModelCheckpoint's export of that step). A new list: the hooks being
         # called now iterate the old one.
         trainer.callbacks = [cb for cb in trainer.callbacks if cb is not self] + [self]
-        self.checkpointer = Checkpointer(self.uri, trainer_state(trainer, self), **self.options)
+        state = trainer_state(trainer, self)
+        self.checkpointer = Checkpointer(self.uri, state, **self.options)
         self.checkpointer.open()
         self.restored_step = 0
+        self._at_epoch_end = False
         if not self.resume:
             return
         if trainer.ckpt_path:
             log.info("fit(ckpt_path=%s) given: not restoring from %s", trainer.ckpt_path, self.uri)
             return
         self.restored_step = self.checkpointer.restore(trust=self.trust)
-        mid_epoch = not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        if self.restored_step and mid_epoch and self.options.get("rng", True):
-            # Lightning creates the train iterator after this hook, and a DataLoader draws
-            # its base seed from the global torch RNG then; mid-epoch, the uninterrupted run
-            # drew it before the saved point. The saved states are set again before the
-            # next batch. (Saved at an epoch's last batch, the next epoch's iterator is
-            # created after the saved point in both runs.)
+        self._at_epoch_end = bool(self.restored_step) and state["trainer"].reopened_epoch
+        if self.restored_step and self.options.get("rng", True):
+            # Lightning creates the train iterator for the restored loader state after this
+            # hook, and a DataLoader draws its base seed from the global torch RNG then: a
+            # draw the uninterrupted run did not make after the saved point. The saved
+            # states are set again after it: before the next batch (mid-epoch), or at
+            # on_train_start (at an epoch's last batch, where the uninterrupted run's next
+            # draw is the next epoch's iterator's, which the resumed run makes too).
             self._rng_to_set = rng_state()
         if self.restored_step:
             log.info(
@@ -171,9 +182,24 @@ class CheckflowCallback(pl.Callback):
                 trainer.global_step,
             )
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._at_epoch_end:
+            return
+        # Restored from an epoch's last batch, the fit loop restarts inside that epoch
+        # (_reopen_epoch). Its batch loop ends at its first fetch, as the uninterrupted
+        # run's did after the saved point; then Lightning ends the epoch and starts the
+        # next one, with a new train iterator, as that run did.
+        fetcher = trainer.fit_loop._data_fetcher
+        if fetcher is not None:
+            fetcher.done = True
+        self._set_saved_rng()
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._set_saved_rng()
+
+    def _set_saved_rng(self) -> None:
         if self._rng_to_set is not None:
             set_rng_state(self._rng_to_set)
             self._rng_to_set = None

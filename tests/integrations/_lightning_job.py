@@ -15,6 +15,7 @@ import argparse
 import os
 import signal
 import sys
+import zlib
 
 import lightning.pytorch as pl
 import torch
@@ -30,21 +31,31 @@ from checkflow.integrations.lightning_io import CheckflowCheckpointIO
 class Regressor(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.seen: dict[int, tuple[float, int]] = {}
-        """Per global step: the batch's sum and the RNG state's, before the forward pass."""
+        self.seen: dict[int, tuple[float, int, float, float]] = {}
+        """Per global step, before the forward pass: the batch's sum, a checksum of the RNG
+        state's bytes (not their sum: two states a few draws apart can have the same sum),
+        the parameters' sum and the learning rate."""
+        self.epoch_hooks: list[tuple[str, int, int]] = []
+        """The epoch hooks called: (hook, epoch, global step)."""
         self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
         self.seen[self.trainer.global_step] = (
             x.sum().item(),
-            torch.get_rng_state().sum().item(),
+            zlib.crc32(torch.get_rng_state().numpy().tobytes()),
             sum(p.double().sum().item() for p in self.parameters()),
             self.trainer.optimizers[0].param_groups[0]["lr"],
         )
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
         return loss
+
+    def on_train_epoch_start(self):
+        self.epoch_hooks.append(("start", self.current_epoch, self.global_step))
+
+    def on_train_epoch_end(self):
+        self.epoch_hooks.append(("end", self.current_epoch, self.global_step))
 
     def configure_optimizers(self):
         opt = torch.optim.Adam(self.parameters(), lr=1e-2)
@@ -120,6 +131,8 @@ def main() -> None:
             "exports": sorted(os.listdir(args.exports)),
             "rng": torch.get_rng_state(),
             "seen": module.seen,
+            "epoch_hooks": module.epoch_hooks,
+            "loops": trainer.fit_loop.state_dict(),
         },
         args.out,
     )
