@@ -23,6 +23,9 @@ RAM_NODE = "CHECKFLOW_RAM_NODE"
 machine standing in for two nodes need two names."""
 TIER = "ram"
 """The tier's name in its manifests' ``meta`` and in reports to the coordinator."""
+REPLICA = "replica"
+"""``meta`` key of a RAM step whose rank declared its state the same as every other rank's
+(``Checkpointer(jit=True)``): another rank of the job may restore from it."""
 DEFAULT_ROOT = "/dev/shm/checkflow"
 """tmpfs: memory that outlives the worker processes and is gone at reboot."""
 
