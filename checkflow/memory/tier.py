@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from checkflow.codec import CodecRules
-from checkflow.memory.area import REPLICA, TIER, ram_dir_from_env, rank_root
+from checkflow.memory.area import REPLICA, TIER, mark_jit, ram_dir_from_env, rank_root
 from checkflow.memory.copies import RamCopies
 from checkflow.parallel import _compat
 from checkflow.parallel.groups import rank_and_world
@@ -89,6 +89,7 @@ class RamTier:
         meta = {"tier": TIER, "rank": rank, "world_size": world_size}
         if replica:
             meta[REPLICA] = True
+            mark_jit(ram_dir)
         self._worker = PersistWorker(
             self.storage,
             codecs=CodecRules("exact"),
