@@ -60,6 +60,7 @@ def create(path: str) -> str:
 
 def mark_jit(ram_dir: str) -> None:
     """Tell the node's agent that workers here write just-in-time checkpoints."""
+    os.makedirs(ram_dir, mode=0o700, exist_ok=True)
     with open(os.path.join(ram_dir, JIT_MARKER), "a"):
         pass
 
