@@ -71,6 +71,7 @@ def check_replicated(state: Mapping[str, Any], optimizers: int) -> None:
             "jit=True needs the optimizer in state=: its step hooks tell when the weights "
             "change, so that a just-in-time copy is never taken in the middle of an update"
         )
+    t: Any
     for fqn, t in flatten(state, allow_pickle=True).tensors.items():
         if _compat.is_dtensor(t) and any(_compat.is_shard_placement(p) for p in t.placements):
             raise ValueError(
@@ -166,6 +167,7 @@ def jit_snapshot(
         allow_pickle=allow_pickle,
     )
     tensors: dict[str, torch.Tensor] = {}
+    t: Any
     for fqn, t in live.tensors.items():
         local = t.to_local() if _compat.is_dtensor(t) else t
         tensors[fqn] = local.detach().cpu()
