@@ -29,6 +29,7 @@ from checkflow.memory.jit import (
     capture,
     check_replicated,
     jit_snapshot,
+    on_uncaught_error,
     write_first,
 )
 from checkflow.memory.tier import RamTier, TieredWrite, ram_tier, write_plan
@@ -153,11 +154,8 @@ class Checkpointer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None and self._jit is not None:
-            # On the training thread, which raised outside or inside an update: the guard knows.
-            self._jit.write(f"training failed: {exc_type.__name__}: {exc}")
-            if self._client is not None:
-                await_abort(self._client)  # the launcher's crash report is on its way
+        if exc_type is not None:
+            self._training_failed(exc_type, exc)
         if exc_type is not None and self._client is not None:
             self._client.exit_if_aborted()  # a peer's abort may be why training failed
         self.close(raise_errors=exc_type is None)
@@ -195,6 +193,8 @@ class Checkpointer:
         self._ram = ram_tier(self.config, self.group, self._snapshotter, self._client)
         if self.config.jit:
             self._jit = self._jit_checkpoint()
+            # Without ``with``, an uncaught error still reaches _training_failed.
+            self._hooks.append(on_uncaught_error(self._training_failed))
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
 
@@ -254,6 +254,16 @@ class Checkpointer:
             )
 
         return JitCheckpoint(JitGuard(), self._ram, build)
+
+    def _training_failed(self, exc_type: type[BaseException], exc: BaseException | None) -> None:
+        """The training thread raised (a collective with a dead peer?): with ``jit``, write
+        the current step, then give the coordinator time to say the job moved on."""
+        if self._jit is None:
+            return
+        # On the training thread, which raised outside or inside an update: the guard knows.
+        self._jit.write(f"training failed: {exc_type.__name__}: {exc}")
+        if self._client is not None:
+            await_abort(self._client)  # the launcher's crash report is on its way
 
     def _write_jit(self, why: str) -> None:
         if self._jit is not None:

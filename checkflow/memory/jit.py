@@ -35,6 +35,7 @@ running statistics) is taken as it is at the failure.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -259,3 +260,31 @@ def write_first(jit: Callable[[str], object], then: Callable[[str], None]) -> Ca
         then(reason)
 
     return on_abort
+
+
+class RestoreHook:
+    """Puts ``sys.excepthook`` back (``remove()``, as torch's hook handles)."""
+
+    def __init__(self, hook: Any, previous: Any) -> None:
+        self.hook, self.previous = hook, previous
+
+    def remove(self) -> None:
+        if sys.excepthook is self.hook:
+            sys.excepthook = self.previous
+
+
+def on_uncaught_error(
+    failed: Callable[[type[BaseException], BaseException | None], None],
+) -> RestoreHook:
+    """Call ``failed`` before the interpreter reports an uncaught error (a training loop
+    that does not use ``with Checkpointer``: its ``__exit__`` never sees the error)."""
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        try:
+            failed(exc_type, exc)
+        finally:
+            previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
+    return RestoreHook(hook, previous)

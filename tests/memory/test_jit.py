@@ -4,6 +4,7 @@ refuses. The multi-process recovery is in ``tests/launch/test_jit.py``."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -140,3 +141,18 @@ def test_jit_is_refused_for_sharded_state(tmp_path: Path) -> None:
             check_replicated({"model": model}, optimizers=1)
     finally:
         dist.destroy_process_group()
+
+
+def test_an_uncaught_error_without_with_still_writes_the_current_step(tmp_path: Path) -> None:
+    model, opt = make_model()
+    ram = tmp_path / "ram"
+    state = {"model": model, "optim": opt}
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), state, every=5, ram_dir=str(ram), jit=True)
+    ckpt.open()
+    try:
+        train(model, opt, ckpt, 6)
+        error = RuntimeError("a peer died")
+        sys.excepthook(RuntimeError, error, None)  # what the interpreter calls at the top
+    finally:
+        ckpt.close()
+    assert RamCopies(str(ram), rank=0, world_size=1).steps() == {5, 6}
