@@ -258,8 +258,8 @@ class Checkpointer:
     def _training_failed(self, exc_type: type[BaseException], exc: BaseException | None) -> None:
         """The training thread raised (a collective with a dead peer?): with ``jit``, write
         the current step, then give the coordinator time to say the job moved on."""
-        if self._jit is None:
-            return
+        if self._jit is None or not issubclass(exc_type, Exception):
+            return  # KeyboardInterrupt, SystemExit: stopped on purpose, not a failure
         # On the training thread, which raised outside or inside an update: the guard knows.
         self._jit.write(f"training failed: {exc_type.__name__}: {exc}")
         if self._client is not None:
