@@ -276,7 +276,7 @@ class Checkpointer:
         cfg, state, names = self.config, self.state, self._global_names
         self._jit.guard.mark(
             self._step,
-            lambda: capture(state, names, rng=cfg.rng, allow_pickle=cfg.allow_pickle),
+            lambda: capture(state, names, rng=cfg.rng),
         )
 
     def paused(self) -> AbstractContextManager[None]:

@@ -34,6 +34,7 @@ running statistics) is taken as it is at the failure.
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 import threading
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from checkflow.parallel import _compat
-from checkflow.state import FlatState, flatten
+from checkflow.state import RNG_KEY, flatten, rng_state
 from checkflow.write.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -87,18 +88,33 @@ class Marked:
     """The per-rank values as ``ckpt.step()`` left them at ``step``."""
 
     step: int
-    flat: FlatState
+    values: dict[str, Any]
+    """``{name: state_dict}`` of every object that is not a module or optimizer, and the
+    RNG states under ``RNG_KEY``: copies, the next step changes the originals."""
 
 
-def capture(
-    state: Mapping[str, Any], global_names: set[str], *, rng: bool, allow_pickle: bool
-) -> FlatState:
-    """The per-rank part of ``state`` now: every object that is not a module or optimizer,
-    and the RNG states; its tensors cloned (the next step may change them in place)."""
-    per_rank = {name: obj for name, obj in state.items() if name not in global_names}
-    flat = flatten(per_rank, rng=rng, allow_pickle=allow_pickle)
-    flat.tensors = {fqn: t.detach().clone() for fqn, t in flat.tensors.items()}
-    return flat
+def capture(state: Mapping[str, Any], global_names: set[str], *, rng: bool) -> dict[str, Any]:
+    """The per-rank part of ``state`` now (see :attr:`Marked.values`). On the training
+    thread at every step, so as cheap as can be: state dicts copied, nothing encoded or
+    checked (that happens if a copy is ever written); ``rng_state`` returns copies."""
+    values = {
+        name: copy.deepcopy(obj.state_dict())
+        for name, obj in state.items()
+        if name not in global_names
+    }
+    if rng:
+        values[RNG_KEY] = rng_state()
+    return values
+
+
+class _Frozen:
+    """A captured state dict, as a state object ``flatten`` takes."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def state_dict(self) -> Any:
+        return self.value
 
 
 class JitGuard:
@@ -116,7 +132,7 @@ class JitGuard:
         self._frozen_by: int | None = None
         self._trainer: int | None = None
 
-    def mark(self, step: int, take: Callable[[], FlatState]) -> None:
+    def mark(self, step: int, take: Callable[[], dict[str, Any]]) -> None:
         """``ckpt.step()`` counted ``step``: capture its per-rank values (``take``)."""
         with self._cond:
             self._trainer = threading.get_ident()
@@ -163,17 +179,15 @@ def jit_snapshot(
     """A snapshot of step ``marked.step``: the live module and optimizer tensors (whole:
     sharded state was refused) with the per-rank values ``marked`` holds, and checkflow's
     own ``meta`` entry (``(key, value)``). CPU tensors are not copied (training is held)."""
-    live = flatten(
-        {name: obj for name, obj in state.items() if name in global_names},
-        allow_pickle=allow_pickle,
-    )
+    objects = {name: obj for name, obj in state.items() if name in global_names}
+    objects.update({name: _Frozen(value) for name, value in marked.values.items()})
+    live = flatten(objects, allow_pickle=allow_pickle)
     tensors: dict[str, torch.Tensor] = {}
     t: Any
     for fqn, t in live.tensors.items():
         local = t.to_local() if _compat.is_dtensor(t) else t
         tensors[fqn] = local.detach().cpu()
-    tensors.update(marked.flat.tensors)
-    skeleton = {**live.skeleton, **marked.flat.skeleton, meta[0]: meta[1]}
+    skeleton = {**live.skeleton, meta[0]: meta[1]}
     return Snapshot(step=marked.step, tensors=tensors, skeleton=skeleton)
 
 

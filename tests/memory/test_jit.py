@@ -19,12 +19,11 @@ from checkflow.memory.jit import JitGuard, Marked, check_replicated
 from checkflow.memory.tier import RamTier
 from checkflow.objects import TensorRef
 from checkflow.parallel.sharding import LiveState
-from checkflow.state import FlatState
 from checkflow.write.snapshot import Snapshot
 
 
-def nothing() -> FlatState:
-    return FlatState(tensors={}, skeleton={})
+def nothing() -> dict[str, object]:
+    return {}
 
 
 def test_freeze_waits_for_an_update_in_progress_and_returns_the_step_it_ends_in() -> None:
