@@ -160,10 +160,22 @@ class CheckflowAgent(LocalElasticAgent):
         self._pcontext.close(signal.SIGTERM, self._shutdown_timeout)
         return False
 
+    def _jit_marked(self) -> bool:
+        """This node's workers write just-in-time checkpoints (``Checkpointer(jit=True)``)."""
+        return self._ram_dir is not None and area.uses_jit(self._ram_dir)
+
+    def _kill(self, worker_group: WorkerGroup, ranks: list[int]) -> None:
+        """SIGKILL the local workers of global ``ranks`` (a frozen one obeys nothing else)."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", {})
+        for w in worker_group.workers:
+            if w.global_rank in ranks and w.local_rank in handlers:
+                with contextlib.suppress(ProcessLookupError):
+                    handlers[w.local_rank].proc.send_signal(signal.SIGKILL)
+
     def _jit_grace(self, now: float) -> bool:
         """A worker crashed less than the JIT grace ago (the survivors are told to abort by
         the coordinator, and write their just-in-time checkpoints first)."""
-        if self._ram_dir is None or not area.uses_jit(self._ram_dir):
+        if not self._jit_marked():
             return False
         crashed = [at for code, at in self._round.seen_failed.values() if recovery.is_crash(code)]
         return bool(crashed) and now - min(crashed) < JIT_GRACE_S
@@ -234,6 +246,11 @@ class CheckflowAgent(LocalElasticAgent):
             stale.ranks,
             " (declared failed)" if stale.failed_here else f" after {now - r.stale_since:.1f} s",
         )
+        if stale.failed_here and self._jit_marked():
+            # Only the failed ranks now: the others write their just-in-time copies first
+            # (the next looks see a crash, and give them the JIT grace).
+            self._kill(worker_group, recovery.failed_ranks(view, marks))
+            return result
         if stale.failed_here:
             return self._stopped_as_failed(worker_group)  # counts, like a crash
         self._restart_workers(worker_group)

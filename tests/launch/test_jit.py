@@ -21,7 +21,7 @@ from checkflow.storage import Storage
 from tests.launch import test_ram_recovery as ram
 from tests.launch.test_ram_recovery import RUN_TIMEOUT_S, STEPS, assert_exact, start
 from tests.support.coordinator import ServerProcess
-from tests.support.jobs import injected_recoveries
+from tests.support.jobs import Events, injected_recoveries
 
 # test_ram_recovery's fixtures, by name: the uninterrupted run, the coordinator, the tmpfs root.
 reference, coordinator, shm_root = ram.reference, ram.coordinator, ram.shm_root
@@ -68,3 +68,26 @@ def test_survivor_told_to_abort_by_the_coordinator_writes_its_jit_copy_first(
     jit_lines = [line for line in job.output.read_text().splitlines() if "just-in-time" in line]
     assert any("step 13 written" in line and "moved to generation" in line for line in jit_lines)
     assert_exact(events, reference)
+
+
+def test_survivor_of_a_frozen_rank_writes_its_jit_copy_before_the_restart(
+    tmp_path: Path, coordinator: ServerProcess, reference: str, shm_root: Path
+) -> None:
+    # Rank 1 SIGSTOPs itself after step 13; rank 0 waits for it in the next all-reduce (no
+    # error: the peer's socket stays open). The coordinator declares rank 1 silent after its
+    # heartbeat timeout; rank 0, told to abort, writes step 13 first (when the agent sees
+    # rank 1 declared failed first, it SIGKILLs rank 1 only and gives rank 0 the JIT grace).
+    job = start(tmp_path, coordinator, "jit-freeze", shm_root, "--fault", "0:1:13:stop", "--jit")
+    events = job.finish(RUN_TIMEOUT_S)
+
+    # Who ends round 0 first is a race (see test_faults' freeze test): rank 0's abort, then
+    # a restart of the local workers that torch may not count as a new round, or the agent.
+    assert last_starts(events) == {0: 13, 1: 13}, events.starts
+    assert "just-in-time checkpoint of step 13 written" in job.output.read_text()
+    assert_exact(events, reference)
+
+
+def last_starts(events: Events) -> dict[int, int]:
+    """Each rank's step restored in its last start (rounds may repeat: see above)."""
+    rounds = {rank: max(k for r, k in events.starts if r == rank) for rank in (0, 1)}
+    return {rank: events.starts[(rank, k)] for rank, k in rounds.items()}
