@@ -12,7 +12,10 @@ at most one step behind.
   at its next optimizer step or ``ckpt.step()``.
 
 ``checkflow run`` gives survivors :data:`checkflow.launch.agent.JIT_GRACE_S` to exit by
-themselves after a local crash instead of stopping them at once.
+themselves after a local crash instead of stopping them at once (after a freeze or hang it
+SIGKILLs only the rank the coordinator declared failed); the node's RAM-tier folder tells
+it the workers write such copies (``area.JIT_MARKER``). An uncaught error ends up here too
+without ``with Checkpointer`` (``on_uncaught_error``).
 
 **Which state.** That of the last ``ckpt.step()``. Module and optimizer tensors are read
 live: they change only inside an optimizer step, and the optimizer hooks tell whether one
