@@ -82,6 +82,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--job", default=None)
     p.add_argument("--token", default=None)
     p.add_argument("--ram-every", type=int, default=None, help="Checkpointer(ram_every=)")
+    p.add_argument("--jit", action="store_true", help="Checkpointer(jit=True)")
     return p.parse_args()
 
 
@@ -149,6 +150,8 @@ class CheckflowSaver(Saver):
             options["hang_timeout"] = args.hang_timeout
         if args.ram_every is not None:
             options["ram_every"] = args.ram_every
+        if args.jit:
+            options["jit"] = True
         self.ckpt = Checkpointer(args.dir, {"model": model, "optim": opt}, **options)
         self.ckpt.open()
 

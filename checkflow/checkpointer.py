@@ -21,6 +21,17 @@ from checkflow import distributed, resume
 from checkflow.codec import CodecRules
 from checkflow.config import CheckpointConfig, with_launcher_settings
 from checkflow.determinism import environment, warn_if_different
+from checkflow.memory.jit import (
+    JitCheckpoint,
+    JitGuard,
+    Marked,
+    await_abort,
+    capture,
+    check_replicated,
+    jit_snapshot,
+    on_uncaught_error,
+    write_first,
+)
 from checkflow.memory.tier import RamTier, TieredWrite, ram_tier, write_plan
 from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
@@ -66,6 +77,8 @@ class Checkpointer:
         allow_pickle: store state values that are not data as pickles (loading needs
             ``trust=True``).
         ram_dir, ram_keep, ram_every: the RAM tier, read first on a restart (see ``config``).
+        jit: declares the ranks data-parallel replicas; a failure then leaves a just-in-time
+            checkpoint of the current step in the RAM tier (``checkflow.memory.jit``).
 
     Raises:
         ValueError / TypeError: a bad argument, before anything is written.
@@ -93,6 +106,7 @@ class Checkpointer:
         ram_dir: str | None = None,
         ram_keep: int = 2,
         ram_every: int | None = None,
+        jit: bool = False,
         config: CheckpointConfig | None = None,
     ) -> None:
         # The keyword options are CheckpointConfig's fields, by name: a field without its
@@ -130,6 +144,9 @@ class Checkpointer:
         self._policy: SavePolicy | None = None
         self._sync: distributed.RankSync | None = None
         self._global_names = distributed.global_state_names(self.state)
+        self._jit: JitCheckpoint | None = None
+        if cfg.jit:
+            check_replicated(self.state, len(self._optimizers))
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Checkpointer:
@@ -137,6 +154,8 @@ class Checkpointer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self._training_failed(exc_type, exc)
         if exc_type is not None and self._client is not None:
             self._client.exit_if_aborted()  # a peer's abort may be why training failed
         self.close(raise_errors=exc_type is None)
@@ -172,6 +191,10 @@ class Checkpointer:
             stats=self.stats,
         )
         self._ram = ram_tier(self.config, self.group, self._snapshotter, self._client)
+        if self.config.jit:
+            self._jit = self._jit_checkpoint()
+            # Without ``with``, an uncaught error still reaches _training_failed.
+            self._hooks.append(on_uncaught_error(self._training_failed))
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
 
@@ -212,7 +235,49 @@ class Checkpointer:
             hang_timeout_s=cfg.hang_timeout,
         )
         self._registration = self._client.register()
+        if cfg.jit:  # the survivors of a failure checkpoint before they exit
+            self._client.on_abort = write_first(self._write_jit, self._client.on_abort)
         self._client.start()
+
+    def _jit_checkpoint(self) -> JitCheckpoint:
+        if self._ram is None:
+            log.warning(
+                "jit=True without a RAM tier (checkflow run --ram-tier, or ram_dir=): no "
+                "just-in-time checkpoint will be written"
+            )
+        cfg, state, names = self.config, self.state, self._global_names
+
+        def build(marked: Marked) -> Snapshot:
+            meta = {"step": marked.step, "environment": environment()}
+            return jit_snapshot(
+                state, names, marked, (META_KEY, meta), allow_pickle=cfg.allow_pickle
+            )
+
+        return JitCheckpoint(JitGuard(), self._ram, build)
+
+    def _training_failed(self, exc_type: type[BaseException], exc: BaseException | None) -> None:
+        """The training thread raised (a collective with a dead peer?): with ``jit``, write
+        the current step, then give the coordinator time to say the job moved on."""
+        if self._jit is None or not issubclass(exc_type, Exception):
+            return  # KeyboardInterrupt, SystemExit: stopped on purpose, not a failure
+        # On the training thread, which raised outside or inside an update: the guard knows.
+        self._jit.write(f"training failed: {exc_type.__name__}: {exc}")
+        if self._client is not None:
+            await_abort(self._client)  # the launcher's crash report is on its way
+
+    def _write_jit(self, why: str) -> None:
+        if self._jit is not None:
+            self._jit.write(why)
+
+    def _mark_jit(self) -> None:
+        """The state is whole at ``self._step`` (``checkflow.memory.jit``)."""
+        if self._jit is None:
+            return
+        cfg, state, names = self.config, self.state, self._global_names
+        self._jit.guard.mark(
+            self._step,
+            lambda: capture(state, names, rng=cfg.rng),
+        )
 
     def paused(self) -> AbstractContextManager[None]:
         """``with ckpt.paused():`` around a known long pause (eval, an export): the still step
@@ -256,6 +321,7 @@ class Checkpointer:
             warn_if_different(meta.get("environment", {}), step=self._step, uri=self.storage.uri)
         self._last_checkpoint_step = self._step
         self._last_step_end = None
+        self._mark_jit()
         log.info("restored step %d from %s (%s)", self._step, self.storage.uri, self.restored_from)
         return self._step
 
@@ -275,6 +341,7 @@ class Checkpointer:
         now = time.perf_counter()
         self._observe(now)
         self._step += 1
+        self._mark_jit()
         assert self._policy is not None
         due = self._policy.is_due(self._step, self._last_checkpoint_step)
         ram_due = self._ram is not None and self._ram.is_due(self._step)
@@ -372,6 +439,8 @@ class Checkpointer:
         return future
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._jit is not None:
+            self._jit.guard.before_update()
         snap = self._current
         if snap is None:
             return

@@ -70,6 +70,11 @@ class CheckpointConfig:
     ram_every: int | None = None
     """With a RAM tier, also checkpoint every N steps to it alone (e.g. 1: every step), while
     storage keeps ``every``; None: the RAM tier takes the storage checkpoints only."""
+    jit: bool = False
+    """Declare the ranks data-parallel replicas (DDP: every rank's state the same) and, with
+    a RAM tier, write a just-in-time checkpoint of the current step there when the job
+    fails, which a restarted rank that lacks it reads from a survivor's copy
+    (``checkflow.memory.jit``): at most one step is redone. Refused for sharded state."""
 
     def __post_init__(self) -> None:
         if self.every != "auto" and not _is_int(self.every, minimum=1):

@@ -213,11 +213,13 @@ class CoordinatorClient:
         manifest_path: str,
         tier: str = "storage",
         kind: str | None = None,
+        jit: bool = False,
     ) -> bool | None:
         """This rank persisted its part of ``step`` in ``tier`` (``kind``: ``full`` or
-        ``delta``, shown by the coordinator); call from a persist thread. Returns True: this
-        rank writes the commit (it completed the set); False: it must not (others persisting,
-        an ended generation, the RAM tier); None: no answer."""
+        ``delta``, shown by the coordinator; ``jit``: a RAM copy written just in time after
+        a failure, standing for every rank's part); call from a persist thread. Returns
+        True: this rank writes the commit (it completed the set); False: it must not
+        (others persisting, an ended generation, the RAM tier); None: no answer."""
         if self._generation is None:
             return None
         try:
@@ -228,6 +230,7 @@ class CoordinatorClient:
                 manifest_path=manifest_path,
                 tier=None if tier == "storage" else CheckpointTier(tier),
                 kind=None if kind is None else CheckpointKind(kind),
+                jit=jit or None,
             )
         except ValidationError as e:  # the coordinator would refuse it: agree locally
             logger.warning("checkpoint %d: report not sent (it would be refused): %s", step, e)

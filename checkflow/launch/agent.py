@@ -39,12 +39,21 @@ from checkflow.client.rank import ABORT_EXIT_CODE
 from checkflow.launch import recovery
 from checkflow.launch.warm import WarmPool
 from checkflow.launch.watch import CoordinatorWatch, JobView
+from checkflow.memory import area
 
 logger = logging.getLogger(__name__)
 
 ABORT_GRACE_S = 3.0
 """Seconds a worker left behind by the job gets to exit by itself (its heartbeat thread
 exits with the abort code within about a heartbeat interval) before it is restarted."""
+
+
+JIT_GRACE_S = 15.0
+"""With ``--ram-tier``, a coordinator, and workers that write just-in-time checkpoints
+(``Checkpointer(jit=True)`` marks the node's RAM-tier folder): seconds the surviving workers
+of a local crash get to exit by themselves (told to abort, they first write their copy:
+``checkflow.memory.jit``) before they are stopped. A bound, not a wait: the restart begins
+once every worker has exited."""
 
 
 DEFAULT_SHUTDOWN_TIMEOUT = 30
@@ -65,6 +74,8 @@ class _Round:
     marks: dict[int, float | None] | None = None
     stale_since: float | None = None
     seen_failed: dict[int, tuple[int, float]] = field(default_factory=dict)
+    reported: set[int] = field(default_factory=set)
+    """Crashed ranks already reported to the coordinator."""
 
 
 class CheckflowAgent(LocalElasticAgent):
@@ -75,6 +86,8 @@ class CheckflowAgent(LocalElasticAgent):
             only the short grace differs from torch).
         abort_grace_s: see :data:`ABORT_GRACE_S`.
         warm: spare interpreters that restarted workers start in (None: cold starts).
+        ram_dir: the node's RAM-tier folder (``--ram-tier``): with a ``watch``, the JIT
+            grace applies when its workers marked it (:data:`JIT_GRACE_S`).
         *args, **kwargs: ``LocalElasticAgent``'s.
     """
 
@@ -84,6 +97,7 @@ class CheckflowAgent(LocalElasticAgent):
         watch: CoordinatorWatch | None = None,
         abort_grace_s: float = ABORT_GRACE_S,
         warm: WarmPool | None = None,
+        ram_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         timeout = kwargs.pop("shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT)
@@ -94,6 +108,7 @@ class CheckflowAgent(LocalElasticAgent):
         self._watch = watch
         self._warm = warm
         self._abort_grace_s = abort_grace_s
+        self._ram_dir = ram_dir if watch is not None else None
         self._round = _Round(time.monotonic(), [])
 
     # --- torch's hooks --------------------------------------------------------------------
@@ -114,7 +129,8 @@ class CheckflowAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._warm is not None:
             self._warm.tick()
-        self._stop_others_after_a_failure(worker_group)
+        if self._stop_others_after_a_failure(worker_group):
+            return RunResult(state=WorkerState.HEALTHY)  # survivors writing their JIT copies
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED:
             return self._after_failure(worker_group, result)
@@ -123,20 +139,54 @@ class CheckflowAgent(LocalElasticAgent):
         return result
 
     # --- failures -------------------------------------------------------------------------
-    def _stop_others_after_a_failure(self, worker_group: WorkerGroup) -> None:
+    def _stop_others_after_a_failure(self, worker_group: WorkerGroup) -> bool:
         """Note which workers failed by themselves, then stop the rest with the short grace
-        (torch's process context would give them 30 s)."""
+        (torch's process context would give them 30 s), or, within the JIT grace, report the
+        crash now and let them exit by themselves; True while they are given that time."""
         handlers = getattr(self._pcontext, "subprocess_handlers", None)
         if not handlers or self._pcontext is None:
-            return
+            return False
         codes = {local: h.proc.poll() for local, h in handlers.items()}
         now = time.monotonic()
         for local, code in codes.items():
             rank = worker_group.workers[local].global_rank
             if code not in (None, 0) and rank not in self._round.seen_failed:
                 self._round.seen_failed[rank] = (code, now)
-        if self._round.seen_failed and None in codes.values():
-            self._pcontext.close(signal.SIGTERM, self._shutdown_timeout)
+        if not self._round.seen_failed or None not in codes.values():
+            return False
+        if self._jit_grace(now):
+            self._report_crashes()
+            return True
+        self._pcontext.close(signal.SIGTERM, self._shutdown_timeout)
+        return False
+
+    def _jit_marked(self) -> bool:
+        """This node's workers write just-in-time checkpoints (``Checkpointer(jit=True)``)."""
+        return self._ram_dir is not None and area.uses_jit(self._ram_dir)
+
+    def _kill(self, worker_group: WorkerGroup, ranks: list[int]) -> None:
+        """SIGKILL the local workers of global ``ranks`` (a frozen one obeys nothing else)."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", {})
+        for w in worker_group.workers:
+            if w.global_rank in ranks and w.local_rank in handlers:
+                with contextlib.suppress(ProcessLookupError):
+                    handlers[w.local_rank].proc.send_signal(signal.SIGKILL)
+
+    def _jit_grace(self, now: float) -> bool:
+        """A worker crashed less than the JIT grace ago (the survivors are told to abort by
+        the coordinator, and write their just-in-time checkpoints first)."""
+        if not self._jit_marked():
+            return False
+        crashed = [at for code, at in self._round.seen_failed.values() if recovery.is_crash(code)]
+        return bool(crashed) and now - min(crashed) < JIT_GRACE_S
+
+    def _report_crashes(self) -> None:
+        """Report each crash seen this round to the coordinator, once."""
+        assert self._watch is not None
+        for rank, (code, seen_at) in self._round.seen_failed.items():
+            if recovery.is_crash(code) and rank not in self._round.reported:
+                self._round.reported.add(rank)
+                self._watch.report_failure(rank, code, seen_at)
 
     def _after_failure(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         seen = self._round.seen_failed or {
@@ -146,7 +196,8 @@ class CheckflowAgent(LocalElasticAgent):
         if self._watch is None:
             return result
         for rank, seen_at in crashes.items():
-            self._watch.report_failure(rank, seen[rank][0], seen_at)
+            if rank not in self._round.reported:
+                self._watch.report_failure(rank, seen[rank][0], seen_at)
         if crashes or not self._fault_elsewhere():
             return result  # torch counts it against --max-restarts
         logger.warning(
@@ -195,6 +246,11 @@ class CheckflowAgent(LocalElasticAgent):
             stale.ranks,
             " (declared failed)" if stale.failed_here else f" after {now - r.stale_since:.1f} s",
         )
+        if stale.failed_here and self._jit_marked():
+            # Only the failed ranks now: the others write their just-in-time copies first
+            # (the next looks see a crash, and give them the JIT grace).
+            self._kill(worker_group, recovery.failed_ranks(view, marks))
+            return result
         if stale.failed_here:
             return self._stopped_as_failed(worker_group)  # counts, like a crash
         self._restart_workers(worker_group)

@@ -82,7 +82,7 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     ram = ram_area(args, coordinator, config.run_id)
     peers = ram_peers(args, ram) if ram is not None else []
     try:
-        run_agent(config, cmd, list(cmd_args), coordinator, warm)
+        run_agent(config, cmd, list(cmd_args), coordinator, warm, ram_dir=ram)
     except SignalException:
         # Stopped by a signal, the job is not over (the agent may be started again here):
         # its ranks' RAM copies stay for the next agent. Any other end frees the memory.
@@ -133,6 +133,8 @@ def run_agent(
     args: list[str],
     coordinator: CoordinatorSettings,
     warm: WarmPool | None = None,
+    *,
+    ram_dir: str | None = None,
 ) -> None:
     """torch's ``launch_agent`` (``torch.distributed.launcher.api``) with checkflow's agent.
 
@@ -142,6 +144,8 @@ def run_agent(
         args: its arguments.
         coordinator: followed by the agent when set.
         warm: where restarted workers come from (cold starts when None); closed here.
+        ram_dir: the node's RAM-tier folder (``--ram-tier``): the survivors of a crash get
+            time for their just-in-time checkpoints (:data:`~checkflow.launch.agent.JIT_GRACE_S`).
 
     Raises:
         ChildFailedError: the workers failed more often than ``config.max_restarts`` allows.
@@ -165,6 +169,7 @@ def run_agent(
         shutdown_timeout=getattr(config, "shutdown_timeout", SHUTDOWN_GRACE),
         watch=watch,
         warm=warm,
+        ram_dir=ram_dir,
     )
     shutdown_rdzv = True
     try:

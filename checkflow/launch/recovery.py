@@ -65,6 +65,15 @@ def failed_here(view: JobView, marks: Baseline) -> bool:
     )
 
 
+def failed_ranks(view: JobView, marks: Baseline) -> list[int]:
+    """This round's local ranks the coordinator declared failed (silent, hung, crashed)."""
+    return [
+        r
+        for r in marks
+        if heard_this_round(view, r, marks) and view.ranks[r].state == RankState.FAILED
+    ]
+
+
 def is_crash(exitcode: int) -> bool:
     """A worker that exited with anything but success or the abort code (a signal too)."""
     return exitcode not in (0, ABORT_EXIT_CODE)

@@ -23,6 +23,12 @@ RAM_NODE = "CHECKFLOW_RAM_NODE"
 machine standing in for two nodes need two names."""
 TIER = "ram"
 """The tier's name in its manifests' ``meta`` and in reports to the coordinator."""
+REPLICA = "replica"
+"""``meta`` key of a RAM step whose rank declared its state the same as every other rank's
+(``Checkpointer(jit=True)``): another rank of the job may restore from it."""
+JIT_MARKER = "jit"
+"""A file in the node's folder: a worker of this node writes just-in-time checkpoints
+(``Checkpointer(jit=True)``), so the agent lets the survivors of a crash exit by themselves."""
 DEFAULT_ROOT = "/dev/shm/checkflow"
 """tmpfs: memory that outlives the worker processes and is gone at reboot."""
 
@@ -50,6 +56,17 @@ def create(path: str) -> str:
     memory survived finds its ranks' checkpoints there)."""
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
+
+
+def mark_jit(ram_dir: str) -> None:
+    """Tell the node's agent that workers here write just-in-time checkpoints."""
+    os.makedirs(ram_dir, mode=0o700, exist_ok=True)
+    with open(os.path.join(ram_dir, JIT_MARKER), "a"):
+        pass
+
+
+def uses_jit(ram_dir: str) -> bool:
+    return os.path.exists(os.path.join(ram_dir, JIT_MARKER))
 
 
 def remove(path: str) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from checkflow.codec import CodecRules
-from checkflow.memory.area import TIER, ram_dir_from_env, rank_root
+from checkflow.memory.area import REPLICA, TIER, mark_jit, ram_dir_from_env, rank_root
 from checkflow.memory.copies import RamCopies
 from checkflow.parallel import _compat
 from checkflow.parallel.groups import rank_and_world
@@ -55,6 +55,9 @@ class RamTier:
         release: gives a snapshot's host buffers back (after a RAM-only step).
         on_persisted: called with each step's result once it is in the RAM tier.
         allow_pickle: as the ``Checkpointer``'s.
+        replica: the job declared every rank's state the same (``jit=True``): each step's
+            manifest says so, and another rank may restore from this copy
+            (``checkflow.memory.jit``).
     """
 
     def __init__(
@@ -68,8 +71,12 @@ class RamTier:
         release: Callable[[Snapshot], None],
         on_persisted: Callable[[RankResult], None] | None = None,
         allow_pickle: bool = False,
+        replica: bool = False,
     ) -> None:
         self.ram_dir = ram_dir
+        self.replica = replica
+        self.jit_steps: set[int] = set()
+        """Steps written just in time after a failure (``checkflow.memory.jit``)."""
         self.every = every
         self.rank = rank
         self.world_size = world_size
@@ -80,6 +87,9 @@ class RamTier:
         self._then: collections.deque[Then] = collections.deque()
         self._lock = threading.Lock()
         meta = {"tier": TIER, "rank": rank, "world_size": world_size}
+        if replica:
+            meta[REPLICA] = True
+            mark_jit(ram_dir)
         self._worker = PersistWorker(
             self.storage,
             codecs=CodecRules("exact"),
@@ -108,7 +118,9 @@ class RamTier:
 
     def copies(self) -> RamCopies:
         """What this rank's RAM root holds, for a restore."""
-        return RamCopies(self.ram_dir, rank=self.rank, world_size=self.world_size)
+        return RamCopies(
+            self.ram_dir, rank=self.rank, world_size=self.world_size, replicas=self.replica
+        )
 
     def close(self) -> None:
         """Finish the RAM writes queued (each hands its snapshot on), then stop."""
@@ -234,8 +246,10 @@ def ram_tier(
 
     def report(result: RankResult) -> None:
         if client is not None:
+            jit = result.step in tier.jit_steps
+            path = result.manifest_path
             client.report_persisted(
-                result.step, result.nbytes, result.duration_s, result.manifest_path, TIER
+                result.step, result.nbytes, result.duration_s, path, TIER, jit=jit
             )
 
     tier = RamTier(
@@ -247,6 +261,7 @@ def ram_tier(
         release=snapshots.release,
         on_persisted=report,
         allow_pickle=config.allow_pickle,
+        replica=config.jit,
     )
     log.info("RAM tier of rank %d: %s (keeps %d steps)", rank, tier.root, config.ram_keep)
     return tier

@@ -221,6 +221,13 @@ class PartReport(Strict):
         description="full, or delta when some chunk of this part depends on an older step; "
         "null: not said (a rank of an older checkflow).",
     )
+    jit: bool | None = Field(
+        default=None,
+        description="ram only: a just-in-time copy, written by a surviving rank after a "
+        "failure, of a job that declared every rank's state the same (data-parallel "
+        "replicas, Checkpointer(jit=True)); it stands for every rank's part of the step. "
+        "Taken from the generation the failure ended too. Left out otherwise.",
+    )
 
 
 class PartReply(BaseModel):

@@ -97,9 +97,11 @@ class PersistReporter(Protocol):
         manifest_path: str,
         tier: str = ...,
         kind: str | None = ...,
+        jit: bool = ...,
     ) -> bool | None:
         """True: this rank commits; False: another does; None: no answer (coordinator down).
-        ``tier`` ``"ram"``: the part is in node memory (``checkflow.memory``)."""
+        ``tier`` ``"ram"``: the part is in node memory (``checkflow.memory``); ``jit``: a
+        just-in-time copy that stands for every rank (``checkflow.memory.jit``)."""
 
 
 class CoordinatorCommit(CommitProtocol):

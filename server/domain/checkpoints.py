@@ -46,6 +46,8 @@ def report_part(
         Conflict: a stale generation, or a step abandoned in this generation.
     """
     check_rank(job, rank)
+    if body.jit and body.tier == CheckpointTier.RAM and jit_accepted(job, body.generation):
+        return _ram_part(job, step, rank, jit=True), Changes()
     if body.generation != job.generation:
         raise Conflict(
             f"generation {body.generation} is not the job's current generation {job.generation}"
@@ -89,15 +91,30 @@ def combined_kind(
     return part
 
 
-def _ram_part(job: Job, step: int, rank: int) -> PartReply:
+def jit_accepted(job: Job, generation: int) -> bool:
+    """A just-in-time copy counts from the current generation (its rank failed before the
+    job moved on) or from the one a *failure* just ended, until every rank of the new one
+    registered: the survivors write it as they exit. Never after a roll-back or a resize,
+    which end a generation on purpose: its newer steps must not become the restore point."""
+    if generation == job.generation:
+        return True
+    failed = job.recovery is not None and job.recovery.kind is not None
+    return failed and job.recovering_since is not None and generation == job.generation - 1
+
+
+def _ram_part(job: Job, step: int, rank: int, *, jit: bool = False) -> PartReply:
     """``rank`` holds its part of ``step`` in node memory: nothing to commit (each rank's RAM
-    copy is whole by itself); once every rank holds it, it is a restore point. Kept in
-    memory only, the newest :data:`RAM_STEPS_KEPT` steps."""
+    copy is whole by itself); once every rank holds it, or a just-in-time replica (``jit``)
+    stands for them all, it is a restore point. Kept in memory only, the newest
+    :data:`RAM_STEPS_KEPT` steps."""
     holders = job.ram.setdefault(step, set())
     holders.add(rank)
+    if jit:
+        job.jit.add(step)
     for old in sorted(job.ram)[:-RAM_STEPS_KEPT]:
         del job.ram[old]
-    whole = len(holders) == job.world_size
+        job.jit.discard(old)
+    whole = len(holders) == job.world_size or step in job.jit
     return PartReply(
         step=step,
         status=COMMITTED if whole else IN_PROGRESS,

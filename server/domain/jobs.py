@@ -71,6 +71,7 @@ def recover(job: Job, body: RecoverRequest, now: float) -> tuple[RestorePoint, C
     changes = Changes()
     if step is not None:
         job.ram = {s: ranks for s, ranks in job.ram.items() if s <= step}
+        job.jit = {s for s in job.jit if s <= step}
         for newer in job.checkpoints.values():
             if newer.step > step and newer.status == CheckpointStatus.COMMITTED:
                 newer.status = CheckpointStatus.ABANDONED

@@ -156,6 +156,9 @@ class Job:
     ram: dict[int, set[int]] = field(default_factory=dict)
     """RAM tier (issue 11): step -> the ranks whose node memory holds their part of it. In
     memory only: a restarted coordinator restores from storage until ranks report again."""
+    jit: set[int] = field(default_factory=set)
+    """RAM steps of :attr:`ram` that a surviving replica wrote just in time after a failure
+    (``PartReport.jit``): its copy stands for every rank's part."""
 
     def __post_init__(self) -> None:
         self.ranks = RankTable(self.world_size)
@@ -176,8 +179,11 @@ class Job:
         return max(committed) if committed else None
 
     def ram_step(self) -> int | None:
-        """The newest step every rank holds in its RAM tier, or None."""
-        whole = [s for s, ranks in self.ram.items() if len(ranks) == self.world_size]
+        """The newest step every rank holds in its RAM tier (or a just-in-time replica
+        stands for), or None."""
+        whole = [
+            s for s, ranks in self.ram.items() if len(ranks) == self.world_size or s in self.jit
+        ]
         return max(whole) if whole else None
 
     def next_checkpoint_step(self) -> int:

@@ -26,7 +26,8 @@ The last line, ``state <rank> <digest>``, hashes the parameters and the optimize
 ``storage``, ``-`` for none) and how many reads it made from storage (RAM tier, issue 11).
 ``--ram-every N`` checkpoints every N steps to the RAM tier alone (``checkflow run
 --ram-tier``); a fault then waits until the coordinator's restore point is its step, i.e.
-every rank's RAM copy of it was reported.
+every rank's RAM copy of it was reported. ``--jit``: ``Checkpointer(jit=True)``, the
+survivors of a fault write a just-in-time checkpoint to the RAM tier (issue 11).
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ def main() -> None:
     p.add_argument("--hang-timeout", type=float, help="Checkpointer(hang_timeout=)")
     p.add_argument("--pg-timeout", type=float, default=30, help="of collectives and the store")
     p.add_argument("--ram-every", type=int, help="Checkpointer(ram_every=)")
+    p.add_argument("--jit", action="store_true", help="Checkpointer(jit=True)")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     joined = time.time()
@@ -176,11 +178,13 @@ def main() -> None:
         (lambda: inject("restore-kill", print, rank, restart, -1)) if restore_kill else None
     )
     state = {"model": model, "probe": probe, "optim": opt}
-    options: dict[str, float] = {}
+    options: dict[str, float | bool] = {}
     if args.hang_timeout is not None:
         options["hang_timeout"] = args.hang_timeout
     if args.ram_every is not None:
         options["ram_every"] = args.ram_every
+    if args.jit:
+        options["jit"] = True
     with Checkpointer(args.dir, state, every=5, keep=0, **options) as ckpt:
         start = ckpt.restore()
         print(f"start {rank} {restart} {start}", flush=True)
