@@ -12,26 +12,16 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import fields
 from typing import Any
 
 import torch
 
 from checkflow import distributed, resume
 from checkflow.codec import CodecRules
-from checkflow.config import CheckpointConfig, with_launcher_settings
+from checkflow.config import CheckpointConfig, from_arguments, with_launcher_settings
 from checkflow.determinism import environment, warn_if_different
-from checkflow.memory.jit import (
-    JitCheckpoint,
-    JitGuard,
-    Marked,
-    await_abort,
-    capture,
-    check_replicated,
-    jit_snapshot,
-    on_uncaught_error,
-    write_first,
-)
+from checkflow.memory.jit import check_replicated
+from checkflow.memory.jit_hooks import CheckpointerJit, NoJit
 from checkflow.memory.tier import RamTier, TieredWrite, ram_tier, write_plan
 from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
@@ -109,13 +99,7 @@ class Checkpointer:
         jit: bool = False,
         config: CheckpointConfig | None = None,
     ) -> None:
-        # The keyword options are CheckpointConfig's fields, by name: a field without its
-        # keyword argument fails here at once (KeyError), not silently.
-        given = locals()
-        options = CheckpointConfig(**{f.name: given[f.name] for f in fields(CheckpointConfig)})
-        if config is not None and options != CheckpointConfig():
-            raise TypeError("pass the options either as config= or as keyword arguments, not both")
-        self.config = with_launcher_settings(config if config is not None else options)
+        self.config = with_launcher_settings(from_arguments(locals(), config))
         cfg = self.config
         check_state(state)
         self.state = dict(state)
@@ -126,8 +110,7 @@ class Checkpointer:
         self.stats = CheckpointStats(interval=None if cfg.auto else int(cfg.every))
         self._tuner = FrequencyTuner(max_overhead=cfg.max_overhead) if cfg.auto else None
         self._optimizers = [o for o in self.state.values() if isinstance(o, torch.optim.Optimizer)]
-        self._step = 0
-        self._last_checkpoint_step = 0
+        self._step = self._last_checkpoint_step = 0
         self._last_step_end: float | None = None
         self._opened = False
         self._client: Any = None
@@ -144,7 +127,7 @@ class Checkpointer:
         self._policy: SavePolicy | None = None
         self._sync: distributed.RankSync | None = None
         self._global_names = distributed.global_state_names(self.state)
-        self._jit: JitCheckpoint | None = None
+        self._jit: CheckpointerJit | NoJit = NoJit()
         if cfg.jit:
             check_replicated(self.state, len(self._optimizers))
 
@@ -155,7 +138,7 @@ class Checkpointer:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
-            self._training_failed(exc_type, exc)
+            self._jit.training_failed(exc_type, exc)
         if exc_type is not None and self._client is not None:
             self._client.exit_if_aborted()  # a peer's abort may be why training failed
         self.close(raise_errors=exc_type is None)
@@ -192,9 +175,9 @@ class Checkpointer:
         )
         self._ram = ram_tier(self.config, self.group, self._snapshotter, self._client)
         if self.config.jit:
-            self._jit = self._jit_checkpoint()
-            # Without ``with``, an uncaught error still reaches _training_failed.
-            self._hooks.append(on_uncaught_error(self._training_failed))
+            parts = (self.state, self._global_names, self._ram, self.config, META_KEY)
+            self._jit = CheckpointerJit(*parts, client=self._client)
+            self._hooks.append(self._jit.uncaught_error_hook())
         for opt in self._optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_optimizer_step))
 
@@ -220,64 +203,11 @@ class Checkpointer:
                 self._client.close()
 
     def _connect(self) -> None:
-        from checkflow.client import CoordinatorClient
+        from checkflow.connect import coordinator_client  # httpx only when a coordinator is set
 
-        cfg = self.config
-        assert cfg.coordinator is not None and cfg.job is not None
-        self._client = CoordinatorClient(
-            cfg.coordinator,
-            cfg.job,
-            self.rank,
-            self.world_size,
-            token=cfg.token,
-            storage_uri=self.storage.uri,
-            max_overhead=cfg.max_overhead,
-            hang_timeout_s=cfg.hang_timeout,
-        )
+        self._client = coordinator_client(self.config, self.rank, self.world_size, self.storage.uri)
         self._registration = self._client.register()
-        if cfg.jit:  # the survivors of a failure checkpoint before they exit
-            self._client.on_abort = write_first(self._write_jit, self._client.on_abort)
         self._client.start()
-
-    def _jit_checkpoint(self) -> JitCheckpoint:
-        if self._ram is None:
-            log.warning(
-                "jit=True without a RAM tier (checkflow run --ram-tier, or ram_dir=): no "
-                "just-in-time checkpoint will be written"
-            )
-        cfg, state, names = self.config, self.state, self._global_names
-
-        def build(marked: Marked) -> Snapshot:
-            meta = {"step": marked.step, "environment": environment()}
-            return jit_snapshot(
-                state, names, marked, (META_KEY, meta), allow_pickle=cfg.allow_pickle
-            )
-
-        return JitCheckpoint(JitGuard(), self._ram, build)
-
-    def _training_failed(self, exc_type: type[BaseException], exc: BaseException | None) -> None:
-        """The training thread raised (a collective with a dead peer?): with ``jit``, write
-        the current step, then give the coordinator time to say the job moved on."""
-        if self._jit is None or not issubclass(exc_type, Exception):
-            return  # KeyboardInterrupt, SystemExit: stopped on purpose, not a failure
-        # On the training thread, which raised outside or inside an update: the guard knows.
-        self._jit.write(f"training failed: {exc_type.__name__}: {exc}")
-        if self._client is not None:
-            await_abort(self._client)  # the launcher's crash report is on its way
-
-    def _write_jit(self, why: str) -> None:
-        if self._jit is not None:
-            self._jit.write(why)
-
-    def _mark_jit(self) -> None:
-        """The state is whole at ``self._step`` (``checkflow.memory.jit``)."""
-        if self._jit is None:
-            return
-        cfg, state, names = self.config, self.state, self._global_names
-        self._jit.guard.mark(
-            self._step,
-            lambda: capture(state, names, rng=cfg.rng),
-        )
 
     def paused(self) -> AbstractContextManager[None]:
         """``with ckpt.paused():`` around a known long pause (eval, an export): the still step
@@ -321,7 +251,7 @@ class Checkpointer:
             warn_if_different(meta.get("environment", {}), step=self._step, uri=self.storage.uri)
         self._last_checkpoint_step = self._step
         self._last_step_end = None
-        self._mark_jit()
+        self._jit.mark(self._step)
         log.info("restored step %d from %s (%s)", self._step, self.storage.uri, self.restored_from)
         return self._step
 
@@ -341,7 +271,7 @@ class Checkpointer:
         now = time.perf_counter()
         self._observe(now)
         self._step += 1
-        self._mark_jit()
+        self._jit.mark(self._step)
         assert self._policy is not None
         due = self._policy.is_due(self._step, self._last_checkpoint_step)
         ram_due = self._ram is not None and self._ram.is_due(self._step)
@@ -439,8 +369,7 @@ class Checkpointer:
         return future
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._jit is not None:
-            self._jit.guard.before_update()
+        self._jit.before_update()
         snap = self._current
         if snap is None:
             return

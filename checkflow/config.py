@@ -7,7 +7,7 @@ typo fails when the ``Checkpointer`` is built, not at the first checkpoint hours
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from checkflow.client.env import coordinator_from_env
@@ -126,6 +126,20 @@ def _check_codec(codec: str | Mapping[str, str]) -> None:
     from checkflow.codec import CodecRules  # the codec registry imports torch
 
     CodecRules(codec)
+
+
+def from_arguments(given: Mapping[str, Any], config: CheckpointConfig | None) -> CheckpointConfig:
+    """The ``Checkpointer``'s options: ``config``, or its keyword arguments (``given``: its
+    ``locals()``; every field of ``CheckpointConfig`` is one, by name: a field without its
+    keyword argument fails here at once, with a KeyError, not silently).
+
+    Raises:
+        TypeError: both ``config`` and keyword options were given.
+    """
+    options = CheckpointConfig(**{f.name: given[f.name] for f in fields(CheckpointConfig)})
+    if config is not None and options != CheckpointConfig():
+        raise TypeError("pass the options either as config= or as keyword arguments, not both")
+    return config if config is not None else options
 
 
 def with_launcher_settings(

@@ -93,9 +93,7 @@ def _http(url: str, token: str | None) -> httpx.Client:
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=10.0)
 
 
-def _get(
-    http: httpx.Client, path: str, model: type[M], params: dict[str, Any] | None = None
-) -> M:
+def _get(http: httpx.Client, path: str, model: type[M], params: dict[str, Any] | None = None) -> M:
     return _parse(_send(http, "GET", path, None, params), model)
 
 

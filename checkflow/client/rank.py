@@ -138,8 +138,7 @@ class CoordinatorClient:
         self._progress = ProgressReport()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._unreachable = False
-        self._aborted = False
+        self._unreachable = self._aborted = False
 
     # --- public API ---------------------------------------------------------------------
     def register(self) -> Registration | None:
@@ -215,11 +214,10 @@ class CoordinatorClient:
         kind: str | None = None,
         jit: bool = False,
     ) -> bool | None:
-        """This rank persisted its part of ``step`` in ``tier`` (``kind``: ``full`` or
-        ``delta``, shown by the coordinator; ``jit``: a RAM copy written just in time after
-        a failure, standing for every rank's part); call from a persist thread. Returns
-        True: this rank writes the commit (it completed the set); False: it must not
-        (others persisting, an ended generation, the RAM tier); None: no answer."""
+        """This rank persisted its part of ``step`` in ``tier`` (``kind``: full or delta;
+        ``jit``: a just-in-time RAM copy, standing for every rank's part); call from a persist
+        thread. Returns True: this rank writes the commit (it completed the set); False: it
+        must not (others persisting, an ended generation, the RAM tier); None: no answer."""
         if self._generation is None:
             return None
         try:

@@ -133,7 +133,6 @@ def run_agent(
     args: list[str],
     coordinator: CoordinatorSettings,
     warm: WarmPool | None = None,
-    *,
     ram_dir: str | None = None,
 ) -> None:
     """torch's ``launch_agent`` (``torch.distributed.launcher.api``) with checkflow's agent.
@@ -144,8 +143,7 @@ def run_agent(
         args: its arguments.
         coordinator: followed by the agent when set.
         warm: where restarted workers come from (cold starts when None); closed here.
-        ram_dir: the node's RAM-tier folder (``--ram-tier``): the survivors of a crash get
-            time for their just-in-time checkpoints (:data:`~checkflow.launch.agent.JIT_GRACE_S`).
+        ram_dir: the node's RAM-tier folder (``--ram-tier``): see ``agent.JIT_GRACE_S``.
 
     Raises:
         ChildFailedError: the workers failed more often than ``config.max_restarts`` allows.
@@ -186,10 +184,9 @@ def run_agent(
     finally:
         if shutdown_rdzv:
             spec.rdzv_handler.shutdown()
-        if watch is not None:
-            watch.close()
-        if warm is not None:
-            warm.close()
+        for part in (watch, warm):  # the coordinator's watch, the spare workers
+            if part is not None:
+                part.close()
 
 
 def worker_spec(config: Any, entrypoint: Any, args: list[str]) -> Any:
