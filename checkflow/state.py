@@ -139,9 +139,23 @@ def load_into(state: Mapping[str, Any], state_dicts: Mapping[str, Any]) -> None:
     if missing:
         raise KeyError(f"checkpoint has no state for {missing}; it holds {sorted(state_dicts)}")
     for name, obj in state.items():
-        obj.load_state_dict(state_dicts[name])
+        # A restore gives SPMD-sharded XLA parameters sharded XLA tensors; copying one
+        # into a module's parameter would leave it replicated (``xla.shardings_kept``).
+        with xla.shardings_kept(_xla_tensors(obj)):
+            obj.load_state_dict(state_dicts[name])
     if RNG_KEY in state_dicts:
         set_rng_state(state_dicts[RNG_KEY])
+
+
+def _xla_tensors(obj: Any) -> list[torch.Tensor]:
+    """The parameters and buffers of ``obj`` that live on an XLA device (none unless a module)."""
+    if not isinstance(obj, torch.nn.Module):
+        return []
+    return [t for t in obj.state_dict(keep_vars=True).values() if _on_xla(t)]
+
+
+def _on_xla(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and xla.is_xla(t)
 
 
 def rng_state() -> dict[str, Any]:

@@ -23,6 +23,8 @@ from its replica 0 only, so the union over hosts holds every element once.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +127,7 @@ def local_shards(
     for t, per_device, where in zip(tensors, shards, placement, strict=True):
         mine: list[HostShard] = []
         for (data, device), (replica, index) in zip(per_device, where, strict=True):
-            ordinal = int(str(device).rsplit(":", 1)[-1])
+            ordinal = _ordinal(device)
             if replica != 0 or (devices is not None and ordinal not in devices):
                 continue
             offset, sizes = _box_of(index, tuple(t.shape))
@@ -152,6 +154,109 @@ def _unpad(data: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
     for dim, n in enumerate(sizes):
         data = data.narrow(dim, 0, n)
     return data
+
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]
+"""(offset, shape) of a region of a global tensor."""
+
+
+@dataclass(frozen=True, slots=True)
+class XlaLayout:
+    """How this process holds an SPMD-sharded tensor, for a restore: its sharding, and the
+    box of the global tensor that each addressable device holds (in torch_xla's order of
+    the local devices, which is the order ``place`` must give the shards in)."""
+
+    sharding: Any
+    """torch_xla's ``OpSharding`` of the live tensor."""
+    global_shape: tuple[int, ...]
+    devices: tuple[int, ...]
+    """The ordinal of each addressable device (``CPU:3`` -> 3)."""
+    boxes: tuple[Box, ...]
+    """The box each device of ``devices`` holds."""
+
+    def read_boxes(self, devices: set[int] | None = None) -> list[Box]:
+        """The boxes to read for ``devices`` (default: every addressable one), each once:
+        a box that several devices hold (a mesh axis that replicates) is read once."""
+        out: dict[Box, None] = {}
+        for device, box in zip(self.devices, self.boxes, strict=True):
+            if devices is None or device in devices:
+                out.setdefault(box, None)
+        return list(out)
+
+
+def layout_of(t: torch.Tensor) -> XlaLayout | None:
+    """The layout of ``t`` when it is an SPMD-sharded XLA tensor, else None.
+
+    Only the sharding is looked at: nothing is computed or moved, so it works on a tensor
+    whose data is still a pending graph.
+    """
+    if not is_xla(t) or not is_sharded(t):
+        return None
+    xlac = _xlac()
+    shape = tuple(t.shape)
+    where = xlac._get_local_shard_replica_and_indices([t])[0]
+    devices = tuple(_ordinal(d) for d in xlac._xla_get_runtime_devices())
+    if len(devices) != len(where):
+        raise RuntimeError(
+            f"torch_xla placed {len(where)} shards on {len(devices)} local devices; "
+            "checkflow cannot tell which device holds which shard"
+        )
+    boxes = tuple(_box_of(index, shape) for _replica, index in where)
+    return XlaLayout(xlac._get_xla_op_sharding(t), shape, devices, boxes)
+
+
+def place(layout: XlaLayout, boxes: Mapping[Box, torch.Tensor]) -> torch.Tensor:
+    """A new XLA tensor sharded as ``layout``, each device given its box from ``boxes``
+    (host tensors); one host-to-device transfer per device, nothing gathered.
+
+    Raises:
+        KeyError: ``boxes`` lacks the box of a local device (torch_xla needs all of them).
+    """
+    padded = tuple(max(sizes) for sizes in zip(*(s for _o, s in layout.boxes), strict=True))
+    shards = [_pad(boxes[box], padded) for box in layout.boxes]
+    shape = list(layout.global_shape)
+    return _xlac()._global_tensor_from_cpu_shards(shards, layout.sharding, shape)
+
+
+def _pad(data: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """torch_xla takes every shard at the padded shard shape (uneven splits pad the last)."""
+    if tuple(data.shape) == shape:
+        return data
+    out = torch.zeros(shape, dtype=data.dtype)
+    region = out
+    for dim, n in enumerate(data.shape):
+        region = region.narrow(dim, 0, n)
+    region.copy_(data)
+    return out
+
+
+def _ordinal(device: Any) -> int:
+    return int(str(device).rsplit(":", 1)[-1])
+
+
+@contextmanager
+def shardings_kept(tensors: list[torch.Tensor]) -> Iterator[None]:
+    """Put the SPMD sharding of ``tensors`` back after the block (a ``load_state_dict``).
+
+    torch_xla 2.9's in-place copy of a sharded XLA tensor into a sharded one leaves the
+    destination replicated on every device (copying from a host tensor keeps it). A
+    restore that places each host's shards on the devices copies exactly that way, so the
+    sharding is marked again: a device-side reshard of the pending copy, not a transfer.
+    """
+    kept = [
+        (t, _xlac()._get_xla_op_sharding(t), spec(t))
+        for t in tensors
+        if is_xla(t) and is_sharded(t)
+    ]
+    yield
+    for t, sharding, before in kept:
+        if spec(t) != before:
+            _xlac()._xla_mark_sharding(t, sharding)
+
+
+def spec(t: torch.Tensor) -> str:
+    """torch_xla's text of the sharding of ``t`` (``{devices=[2,2]0,1,2,3}``)."""
+    return str(_xlac()._get_xla_sharding_spec(t))
 
 
 def rng_state() -> int | None:

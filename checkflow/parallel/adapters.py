@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from checkflow import xla
 from checkflow.parallel import _compat
 from checkflow.parallel.agreement import RankSync
 from checkflow.parallel.sharding import Layout, LiveState, Shard, snapshot_inputs, split_state
@@ -79,6 +80,7 @@ def live_state(state: Mapping[str, Any]) -> LiveState:
             for name, obj in state.items()
             if isinstance(obj, torch.nn.Module) or getattr(obj, "checkflow_global", False)
         },
+        xla_layouts=live_xla_layouts(state),
     )
 
 
@@ -101,6 +103,23 @@ def live_layouts(state: Mapping[str, Any]) -> dict[str, Layout]:
                         p.device_mesh, tuple(p.placements), tuple(p.shape)
                     )
                 index += 1
+    return out
+
+
+def live_xla_layouts(state: Mapping[str, Any]) -> dict[str, xla.XlaLayout]:
+    """``{fqn: XlaLayout}`` of every SPMD-sharded XLA tensor in the live state, and of the
+    optimizer state to come, sharded like its parameter (``optim.state.3``)."""
+    out: dict[str, xla.XlaLayout] = {}
+    for fqn, t in flatten(state, allow_pickle=True).tensors.items():  # nothing is stored
+        if (layout := xla.layout_of(t)) is not None:
+            out[fqn] = layout
+    for name, obj in state.items():
+        if not isinstance(obj, torch.optim.Optimizer):
+            continue
+        params = [p for group in obj.param_groups for p in group["params"]]
+        for index, p in enumerate(params):
+            if (layout := xla.layout_of(p)) is not None:
+                out.setdefault(f"{name}.state.{index}", layout)
     return out
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from checkflow import tree
+from checkflow import tree, xla
 from checkflow.parallel import _compat
 from checkflow.state import FlatState, TensorRef
 
@@ -64,17 +64,28 @@ class LiveState:
     """``{fqn: Layout}`` of every DTensor, and of optimizer state to come (``live_layouts``)."""
     module_keys: dict[str, set[str]] = field(default_factory=dict)
     """The state_dict keys of each module: a pipeline stage holds only some of them."""
+    xla_layouts: dict[str, xla.XlaLayout] = field(default_factory=dict)
+    """``{fqn: XlaLayout}`` of every SPMD-sharded XLA tensor, and of optimizer state to come."""
 
     def layout_for(self, fqn: str, shape: Iterable[int]) -> Layout | None:
         """How this rank holds tensor ``fqn`` of global ``shape``; None when whole."""
-        layout = self.layouts.get(fqn)
-        if layout is None:
-            # Optimizer state (``optim.state.3.exp_avg``) follows its parameter's layout when
-            # it has the parameter's shape; scalars such as ``step`` stay plain.
-            layout = self.layouts.get(fqn.rsplit(".", 1)[0])
-        if layout is None or list(layout.global_shape) != list(shape):
-            return None
-        return layout
+        return _layout_for(self.layouts, fqn, shape)
+
+    def xla_layout_for(self, fqn: str, shape: Iterable[int]) -> xla.XlaLayout | None:
+        """How this process holds SPMD tensor ``fqn`` of global ``shape``; None when it
+        is not one."""
+        return _layout_for(self.xla_layouts, fqn, shape)
+
+
+def _layout_for(layouts: Mapping[str, Any], fqn: str, shape: Iterable[int]) -> Any:
+    layout = layouts.get(fqn)
+    if layout is None:
+        # Optimizer state (``optim.state.3.exp_avg``) follows its parameter's layout when
+        # it has the parameter's shape; scalars such as ``step`` stay plain.
+        layout = layouts.get(fqn.rsplit(".", 1)[0])
+    if layout is None or list(layout.global_shape) != list(shape):
+        return None
+    return layout
 
 
 _BOXES: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}

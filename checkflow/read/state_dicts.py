@@ -1,23 +1,24 @@
 """The state dicts of a step: one rank's view of it for a restore, or the whole job's.
 
 ``read_state_dicts`` builds each rank's state from a global manifest: for every tensor it
-reads only the chunks whose boxes overlap what this rank holds (a DTensor's local shard, or
-the whole tensor), verifies each chunk's checksum over the whole chunk (it is the unit that
+reads only the chunks whose boxes overlap what this rank holds (a DTensor's local shard,
+the shards of an SPMD-sharded XLA tensor on this process's devices, or the whole tensor),
+verifies each chunk's checksum over the whole chunk (it is the unit that
 is checksummed, so sub-ranges are never read), and copies the overlap.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from checkflow import tree
-from checkflow.parallel.sharding import Layout, LiveState, layout_box, to_dtensor
+from checkflow import tree, xla
+from checkflow.parallel.sharding import LiveState, layout_box, to_dtensor
 from checkflow.read.assemble import assemble
-from checkflow.read.plan import BoxPlan, Part, plan_box
+from checkflow.read.plan import BoxPlan, Part, ReadItem, plan_box
 from checkflow.read.reader import CheckpointReader
 from checkflow.state import iter_refs, unflatten
 
@@ -39,12 +40,63 @@ def read_box(
     return assemble(plan, (reader.chunk(step, item.rank, item.chunk) for item in plan.items))
 
 
-def _plan_tensor(step: int, parts: list[Part], layout: Layout | None) -> BoxPlan:
-    """What a rank reads of one tensor: all of it, or the box of its DTensor shard."""
+Finish = Callable[[list[torch.Tensor]], Any]
+"""Turns the boxes read for one tensor (in plan order) into the value restored."""
+
+
+def _plan_tensor(
+    step: int, fqn: str, parts: list[Part], live: LiveState
+) -> tuple[list[BoxPlan], Finish]:
+    """What a rank reads of one tensor, and what it makes of it: the whole tensor; the box
+    of its DTensor shard (a DTensor); or, for an SPMD-sharded XLA tensor, the box of each
+    of this process's devices (an XLA tensor sharded alike, nothing else read)."""
+    shape = tuple(parts[0][1].global_shape)
+    on_xla = live.xla_layout_for(fqn, shape)
+    if on_xla is not None:
+        boxes = on_xla.read_boxes()
+        plans = [plan_box(step, parts, offset, box) for offset, box in boxes]
+        return plans, lambda got: xla.place(on_xla, dict(zip(boxes, got, strict=True)))
+    layout = live.layout_for(fqn, shape)
     if layout is None:
-        return plan_box(step, parts)
-    offset, shape = layout_box(layout, tuple(parts[0][1].global_shape))
-    return plan_box(step, parts, offset, shape)
+        return [plan_box(step, parts)], lambda got: got[0]
+    offset, box = layout_box(layout, shape)
+    return [plan_box(step, parts, offset, box)], lambda got: to_dtensor(got[0], layout, shape)
+
+
+def _read_plans(
+    reader: CheckpointReader, step: int, plans: Mapping[str, list[BoxPlan]]
+) -> dict[str, list[torch.Tensor]]:
+    """The boxes of ``plans``, read and assembled; a chunk that several boxes overlap (the
+    devices of one host on another mesh) is read and decoded once."""
+    items = [it for boxes in plans.values() for plan in boxes for it in plan.items]
+    decoded = _shared(items, lambda unique: reader.decode_parts(step, unique))
+    return {fqn: [assemble(plan, decoded) for plan in boxes] for fqn, boxes in plans.items()}
+
+
+def _shared(
+    items: list[ReadItem], decode: Callable[[list[ReadItem]], Iterator[torch.Tensor]]
+) -> Iterator[torch.Tensor]:
+    """The decoded chunk of each of ``items`` in order, each distinct chunk decoded once.
+
+    Every chunk goes into one stream, so that the reader decodes several at once on its
+    threads (reads, checksums and decoders release the GIL). A chunk is kept only until
+    the last item that needs it.
+    """
+    keys = [(it.rank, it.chunk.file, it.chunk.byte_offset) for it in items]
+    uses = Counter(keys)
+    first: dict[tuple[int, str, int], ReadItem] = {}
+    for key, item in zip(keys, items, strict=True):
+        first.setdefault(key, item)
+    stream = decode(list(first.values()))
+    held: dict[tuple[int, str, int], torch.Tensor] = {}
+    for key in keys:
+        if key not in held:
+            held[key] = next(stream)
+        out = held[key]
+        uses[key] -= 1
+        if not uses[key]:
+            del held[key]
+        yield out
 
 
 def read_state_dicts(
@@ -57,9 +109,10 @@ def read_state_dicts(
 
     Per-rank values (RNG, data position, schedulers) come from the same rank of the saved
     job when it had one, else from rank 0. Tensors come from every saved rank's chunks:
-    whole tensors, or the local shard of a DTensor laid out as in ``live`` (a DTensor is
-    returned). ``live.module_keys`` lets a pipeline stage take its modules from whichever
-    saved stage held them, under their global names.
+    whole tensors, the local shard of a DTensor laid out as in ``live`` (a DTensor is
+    returned), or the shards of this process's devices of an SPMD-sharded XLA tensor (an
+    XLA tensor is returned). ``live.module_keys`` lets a pipeline stage take its modules
+    from whichever saved stage held them, under their global names.
     """
     live = live if live is not None else LiveState()
     world = reader.manifest(step).world_size
@@ -69,23 +122,35 @@ def read_state_dicts(
         if isinstance(held, Mapping) and keys != held.keys():
             skeleton[name] = _gather_module(reader, step, world, name, keys)
     index = reader.chunk_index(step)
-    plans: dict[str, tuple[BoxPlan, Layout | None]] = {}
+    plans: dict[str, list[BoxPlan]] = {}
+    finish: dict[str, Finish] = {}
     for fqn in iter_refs(skeleton):
         if fqn not in index:
             raise KeyError(f"step {step} has no tensor {fqn!r}")
-        parts = index[fqn]
-        layout = live.layout_for(fqn, parts[0][1].global_shape)
-        plans[fqn] = (_plan_tensor(step, parts, layout), layout)
-    # Every chunk of every tensor in one stream, so that the reader decodes several at once
-    # on its threads (reads, checksums and decoders release the GIL).
-    decoded = reader.decode_parts(step, [it for plan, _ in plans.values() for it in plan.items])
-    tensors: dict[str, Any] = {}
-    for fqn, (plan, layout) in plans.items():
-        box = assemble(plan, decoded)
-        tensors[fqn] = (
-            box if layout is None else to_dtensor(box, layout, tuple(plan.first[1].global_shape))
-        )
-    return unflatten(skeleton, tensors)
+        plans[fqn], finish[fqn] = _plan_tensor(step, fqn, index[fqn], live)
+    got = _read_plans(reader, step, plans)
+    return unflatten(skeleton, {fqn: finish[fqn](boxes) for fqn, boxes in got.items()})
+
+
+def read_xla_boxes(
+    reader: CheckpointReader, step: int, live: LiveState, devices: set[int]
+) -> dict[str, dict[xla.Box, torch.Tensor]]:
+    """The boxes of the SPMD-sharded XLA tensors in ``live`` that ``devices`` hold, on the
+    host: what one host of a multi-host job reads. A test that splits one process's
+    virtual mesh into stand-in hosts calls this per host (``read_state_dicts`` reads for
+    every device of the process: torch_xla places shards on all local devices at once).
+    """
+    index = reader.chunk_index(step)
+    boxes: dict[str, list[xla.Box]] = {}
+    plans: dict[str, list[BoxPlan]] = {}
+    for fqn, parts in index.items():
+        on_xla = live.xla_layout_for(fqn, parts[0][1].global_shape)
+        mine = on_xla.read_boxes(devices) if on_xla is not None else []
+        if mine:
+            boxes[fqn] = mine
+            plans[fqn] = [plan_box(step, parts, offset, box) for offset, box in mine]
+    got = _read_plans(reader, step, plans)
+    return {fqn: dict(zip(boxes[fqn], got[fqn], strict=True)) for fqn in plans}
 
 
 def _gather_module(
