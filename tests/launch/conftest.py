@@ -8,16 +8,14 @@ from pathlib import Path
 import pytest
 
 from tests.launch._nodes import reference_states
-from tests.support.coordinator import ServerProcess
+from tests.support.coordinator import ServerProcess, served
 
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[ServerProcess]:
     """A coordinator of its own for each test (the real ``checkflow serve`` process)."""
-    server = ServerProcess(tmp_path / "coordinator.db")
-    server.start()
-    yield server
-    server.stop()
+    with served(tmp_path / "coordinator.db") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from checkflow.catalog import committed_steps, scan
 from checkflow.protocol import CheckpointStatus, FaultKind, JobCreate
 from checkflow.restore import CheckpointReader
 from checkflow.storage import Storage
-from tests.support.coordinator import TOKEN, ServerProcess
+from tests.support.coordinator import TOKEN, ServerProcess, served
 from tests.support.jobs import (
     INTERVAL,
     Events,
@@ -72,12 +72,8 @@ def coordinator(
 ) -> Iterator[ServerProcess]:
     """One coordinator for the module; every test has a job of its own on it. It reaches
     moto directly (``AWS_ENDPOINT_URL_S3``, set by ``s3_endpoint``) to list commits."""
-    server = ServerProcess(tmp_path_factory.mktemp("coordinator") / "coordinator.db")
-    server.start()
-    try:
+    with served(tmp_path_factory.mktemp("coordinator") / "coordinator.db") as server:
         yield server
-    finally:
-        server.stop()
 
 
 # --- helpers --------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 from checkflow.catalog import committed_steps
 from checkflow.memory.area import node_area, rank_root
 from checkflow.storage import Storage
-from tests.support.coordinator import TOKEN, ServerProcess
+from tests.support.coordinator import TOKEN, ServerProcess, served
 from tests.support.jobs import Events, LaunchedJob, injected_recoveries, launch
 from tests.support.net import wait_until
 
@@ -47,12 +47,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = ServerProcess(tmp_path_factory.mktemp("coordinator") / "coordinator.db")
-    server.start()
-    try:
+    with served(tmp_path_factory.mktemp("coordinator") / "coordinator.db") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

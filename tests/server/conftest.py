@@ -12,7 +12,7 @@ from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
 
-from tests.support.coordinator import AUTH, TOKEN, ServerProcess
+from tests.support.coordinator import AUTH, TOKEN, ServerProcess, served
 
 
 @pytest.fixture
@@ -30,7 +30,5 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    s = ServerProcess(tmp_path / "coordinator.db")
-    s.start()
-    yield s
-    s.stop()
+    with served(tmp_path / "coordinator.db") as s:
+        yield s

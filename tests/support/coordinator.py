@@ -9,7 +9,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -152,6 +155,18 @@ class ThreadServer:
         r = httpx.get(self.url + path, headers={"Authorization": f"Bearer {self.token}"})
         r.raise_for_status()
         return r.json()
+
+
+@contextmanager
+def served(db: Path, **options: Any) -> Iterator[ServerProcess]:
+    """A :class:`ServerProcess` (``options``: its keyword arguments) running for the ``with``
+    block, stopped after it even when the block fails."""
+    server = ServerProcess(db, **options)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def start_rank(url: str, job: str, rank: int, world: int, *args: str) -> subprocess.Popen[str]:
