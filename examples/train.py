@@ -48,7 +48,9 @@ class ShuffledData:
         self.epoch, self.pos = sd["epoch"], sd["pos"]
 
 
-def build(dim: int = 32, hidden: int = 256) -> tuple[nn.Module, torch.optim.Optimizer, object]:
+def build(
+    dim: int = 32, hidden: int = 256, device: str = "cpu"
+) -> tuple[nn.Module, torch.optim.Optimizer, object]:
     torch.manual_seed(1234)
     model = nn.Sequential(
         nn.Linear(dim, hidden),
@@ -58,7 +60,7 @@ def build(dim: int = 32, hidden: int = 256) -> tuple[nn.Module, torch.optim.Opti
         nn.Linear(hidden, hidden),
         nn.ReLU(),
         nn.Linear(hidden, 1),
-    )
+    ).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
     return model, opt, sched
@@ -70,7 +72,12 @@ def _report_commit(future: object) -> None:
 
 
 def train(args: argparse.Namespace) -> dict[str, object]:
-    model, opt, sched = build()
+    if args.device.startswith("cuda"):
+        # Bitwise equal runs on a GPU need deterministic kernels; cuBLAS reads this
+        # variable when it first starts, so it is set before any CUDA work.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    model, opt, sched = build(device=args.device)
     data = ShuffledData()
     state = {"model": model, "optim": opt, "sched": sched, "data": data}
     every: int | str = "auto" if args.every == "auto" else int(args.every)
@@ -87,8 +94,8 @@ def train(args: argparse.Namespace) -> dict[str, object]:
         start = ckpt.restore()
         print(f"start step {start}", flush=True)
         for step in range(start, args.steps):
-            x, y = data.next()
-            noise = 0.01 * torch.randn_like(x)  # draws from the global RNG
+            x, y = (t.to(args.device) for t in data.next())
+            noise = 0.01 * torch.randn_like(x)  # draws from the global (or the CUDA) RNG
             loss = nn.functional.binary_cross_entropy_with_logits(model(x + noise), y)
             loss.backward()
             opt.step()
@@ -130,6 +137,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="write the final state here (torch.save)")
     p.add_argument("--coordinator", default=None)
     p.add_argument("--job", default=None)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: train on the GPU")
     return p.parse_args(argv)
 
 
