@@ -77,6 +77,20 @@ def plain_copy_s(tensors: Sequence[torch.Tensor], reps: int = 5) -> float:
     return median_time(copy, reps, warmup=1)
 
 
+def pinned_copy_s(tensors: Sequence[torch.Tensor], reps: int = 5) -> float:
+    """Median time to copy every (GPU) tensor into pinned host buffers allocated beforehand,
+    non-blocking, then synchronize: the pinned-copy limit, the floor for a GPU snapshot."""
+    buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+
+    def copy() -> None:
+        with torch.no_grad():
+            for dst, src in zip(buffers, tensors, strict=True):
+                dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+
+    return median_time(copy, reps, warmup=1)
+
+
 def fmt_bytes(n: float) -> str:
     if n != n:  # NaN
         return "-"

@@ -16,6 +16,13 @@ report gives medians with their spread (min..max over the repeats).
     python benchmarks/overhead.py --repeats 5     # medians of 5 interleaved repeats
     python benchmarks/overhead.py --quick         # smoke run (~1 min)
     python benchmarks/overhead.py --strategies none,dcp.async-staged,checkflow-q8 --k 5
+    python benchmarks/overhead.py --device cuda --params-mib 700 --hidden 4096 --batch 4096
+
+With ``--device cuda`` the model, optimizer and batches live on the GPU, every timed step
+ends with ``torch.cuda.synchronize()`` (so a step's time includes the kernels it queued and
+any wait a checkpoint added), DCP's async staging copies into pinned memory with
+non-blocking copies, and the copy reference is the pinned-copy limit: one non-blocking
+device-to-host copy of the whole state into pinned buffers allocated beforehand.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from _common import (  # noqa: E402  (benchmarks/ is not a package)
     fmt_s,
     median,
     median_time,
+    pinned_copy_s,
     plain_copy_s,
     state_tensors,
     table,
@@ -57,12 +65,14 @@ DCP = ("dcp.save", "dcp.async", "dcp.async-staged")
 
 
 # -- the workload ----------------------------------------------------------------------------
-def build(hidden: int, layers: int, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(
+    hidden: int, layers: int, seed: int = 0, device: str = "cpu"
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
     mods: list[nn.Module] = []
     for _ in range(layers):
         mods += [nn.Linear(hidden, hidden), nn.ReLU()]
-    model = nn.Sequential(*mods)
+    model = nn.Sequential(*mods).to(device)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
 
 
@@ -312,9 +322,11 @@ class DcpAsync(DcpSave):
     ``staged``, a reused ``DefaultStager`` copies on its own thread and the next
     ``opt.step`` waits for that copy (``staging_completion``), like checkflow's hook."""
 
-    def __init__(self, name: str, k: int | None, root: str, *, staged: bool) -> None:
+    def __init__(
+        self, name: str, k: int | None, root: str, *, staged: bool, cuda: bool = False
+    ) -> None:
         super().__init__(name, k, root)
-        self.staged = staged
+        self.staged, self.cuda = staged, cuda
         self.stager: Any = None
         self.upload: Any = None
         self.staging: Any = None
@@ -323,17 +335,30 @@ class DcpAsync(DcpSave):
     def open(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         super().open(model, opt)
         if self.staged:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            self.stager = self._new_stager()
 
-            # CPU-only: no pinned/shared memory, no non-blocking copies (they need CUDA).
-            self.stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=False,
-                    use_shared_memory=False,
-                    use_async_staging=True,
-                    use_non_blocking_copy=False,
-                )
+    def _new_stager(self) -> Any:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        # On the CPU: no pinned memory, no non-blocking copies (they need CUDA). On a GPU:
+        # DCP's fastest staging, pinned buffers filled by non-blocking copies. No shared
+        # memory: that is for a separate upload process, not used here.
+        return DefaultStager(
+            StagingOptions(
+                use_pinned_memory=self.cuda,
+                use_shared_memory=False,
+                use_async_staging=True,
+                use_non_blocking_copy=self.cuda,
             )
+        )
+
+    @property
+    def reuses_stager(self) -> bool:
+        """Whether one stager (and its cached pinned buffers) serves every save. On a GPU
+        with torch older than 2.13 it cannot: torch 2.11's stager failed its second pinned,
+        non-blocking stage with ``KeyError: <class 'type'>`` (seen on an H200), so there
+        each save gets a new stager, as a user of that torch would have to do."""
+        return not self.cuda or torch_version() >= (2, 13)
 
     def _finish_previous(self) -> None:
         if self.upload is not None:
@@ -348,6 +373,9 @@ class DcpAsync(DcpSave):
         import torch.distributed.checkpoint as dcp
 
         self._finish_previous()
+        if self.staged and not self.reuses_stager:
+            self.stager.close()
+            self.stager = self._new_stager()
         path = self._path(step)
         out = dcp.async_save(
             self._state_dict(), checkpoint_id=path, async_stager=self.stager, no_dist=True
@@ -383,6 +411,11 @@ class DcpAsync(DcpSave):
         self.drain()
         if self.stager is not None:
             self.stager.close()
+
+
+def torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 class Checkflow(Strategy):
@@ -508,11 +541,13 @@ class IntervalLog(logging.Handler):
             logger.propagate = self._saved[1]
 
 
-def make_strategy(name: str, k: int | None, root: str, max_overhead: float) -> Strategy:
+def make_strategy(
+    name: str, k: int | None, root: str, max_overhead: float, device: str = "cpu"
+) -> Strategy:
     if name.startswith("checkflow-") and "+nice" in name:
         # checkflow-exact+nice10: the persist thread at that nice (CHECKFLOW_PERSIST_NICE).
         base, _, nice = name.partition("+nice")
-        strat = make_strategy(base, k, root, max_overhead)
+        strat = make_strategy(base, k, root, max_overhead, device)
         assert isinstance(strat, Checkflow)
         strat.name, strat.persist_nice = name, int(nice)
         return strat
@@ -523,7 +558,9 @@ def make_strategy(name: str, k: int | None, root: str, max_overhead: float) -> S
     if name == "dcp.save":
         return DcpSave(name, k, root)
     if name in ("dcp.async", "dcp.async-staged"):
-        return DcpAsync(name, k, root, staged=name.endswith("staged"))
+        return DcpAsync(
+            name, k, root, staged=name.endswith("staged"), cuda=device.startswith("cuda")
+        )
     if name.startswith("checkflow-auto"):
         codec = name.removeprefix("checkflow-auto").removeprefix("-") or "exact"
         return Checkflow(name, None, root, codec=codec, max_overhead=max_overhead)
@@ -608,9 +645,11 @@ class Result:
 def run_one(
     strat: Strategy, args: argparse.Namespace, batches: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> Result:
-    model, opt = build(args.hidden, args.layers)
+    model, opt = build(args.hidden, args.layers, device=args.device)
+    sync = device_sync(args.device)
     for i in range(args.warmup):  # Adam state exists and allocator/caches are warm
         train_step(model, opt, batches[i % len(batches)])
+    sync()
     os.makedirs(strat.root, exist_ok=True)
     strat.open(model, opt)
     try:
@@ -623,6 +662,7 @@ def run_one(
         for i in range(args.baseline_steps):
             ts = time.perf_counter()
             train_step(model, opt, batches[i % len(batches)])
+            sync()
             base_times.append(time.perf_counter() - ts)
         base_cpu = CpuUse.between(cpu_a, CpuSample.now())
         step_times = []
@@ -633,9 +673,10 @@ def run_one(
             ts = time.perf_counter()
             train_step(model, opt, batches[i % len(batches)], strat.before_opt_step)
             strat.after_step(i + 1)
+            sync()
             step_times.append(time.perf_counter() - ts)
         loop = time.perf_counter() - t0
-        drain = timed(strat.drain)
+        drain = timed(lambda: (strat.drain(), sync()))
         cpu = CpuUse.between(cpu0, CpuSample.now())
         res = Result(
             name=strat.name,
@@ -672,7 +713,7 @@ def run_one(
 
 def reference_restore_s(args: argparse.Namespace, batches: list, root: str) -> float:
     """``torch.load`` + ``load_state_dict`` of the same state, freshly written and fsynced."""
-    model, opt = build(args.hidden, args.layers)
+    model, opt = build(args.hidden, args.layers, device=args.device)
     for i in range(args.warmup):
         train_step(model, opt, batches[i % len(batches)])
     s = TorchSave("ref", 1, root)
@@ -685,12 +726,24 @@ def reference_restore_s(args: argparse.Namespace, batches: list, root: str) -> f
 
 
 def reference_copy_s(args: argparse.Namespace, batches: list) -> tuple[float, int]:
-    model, opt = build(args.hidden, args.layers)
+    """The floor of a snapshot's copy: a plain ``copy_`` of the whole state on the CPU, the
+    pinned-copy limit (device to pinned host buffers, non-blocking, then a sync) on a GPU."""
+    model, opt = build(args.hidden, args.layers, device=args.device)
     for i in range(args.warmup):
         train_step(model, opt, batches[i % len(batches)])
     tensors = state_tensors(model, opt)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    if args.device.startswith("cuda"):
+        return pinned_copy_s(tensors), nbytes
     return plain_copy_s(tensors), nbytes
+
+
+def device_sync(device: str) -> Any:
+    """What ends a timed step: a device-wide sync on a GPU (a step's time then includes the
+    kernels it queued), nothing on the CPU."""
+    if device.startswith("cuda"):
+        return torch.cuda.synchronize
+    return lambda: None
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -975,6 +1028,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--dir", default=None, help="local folder for checkpoints (default: a tmp dir)")
     p.add_argument("--quick", action="store_true", help="small state, few steps (~1 min)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: train and snapshot on the GPU")
     args = p.parse_args(argv)
     if args.quick:
         args.params_mib, args.hidden, args.steps, args.batch = 16.0, 1024, 12, 32
@@ -991,27 +1045,32 @@ def main(argv: list[str] | None = None) -> None:
     # DCP says once per call that it assumes a single process: that is the point here.
     warnings.filterwarnings("ignore", message=".*assuming the intent is to")
     torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):
+        # As most GPU jobs run: TF32 matmuls (on the CPU this setting does nothing).
+        torch.backends.cuda.matmul.allow_tf32 = True
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     parent = args.dir or tempfile.mkdtemp(prefix="checkflow-bench-")
     os.makedirs(parent, exist_ok=True)
     g = torch.Generator().manual_seed(1)
     batches = [
         (
-            torch.randn(args.batch, args.hidden, generator=g),
-            torch.randn(args.batch, args.hidden, generator=g),
+            torch.randn(args.batch, args.hidden, generator=g).to(args.device),
+            torch.randn(args.batch, args.hidden, generator=g).to(args.device),
         )
         for _ in range(4)
     ]
     copy_s, nbytes = reference_copy_s(args, batches)
     args.state_bytes = nbytes
     load_s = reference_restore_s(args, batches, os.path.join(parent, "ref"))
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(
         f"state {fmt_bytes(nbytes)} ({args.layers} x Linear({args.hidden}, {args.hidden}) + "
         f"AdamW), batch {args.batch}, {args.steps} timed steps, torch threads {args.threads}, "
-        f"dir {parent}"
+        f"device {where}, torch {torch.__version__}, dir {parent}"
     )
+    copy_what = "pinned-copy limit (device to pinned host)" if where != "cpu" else "plain copy_"
     print(
-        f"reference: plain copy_ of the whole state {fmt_s(copy_s)}; "
+        f"reference: {copy_what} of the whole state {fmt_s(copy_s)}; "
         f"torch.load + load_state_dict {fmt_s(load_s, 's')}",
         flush=True,
     )
@@ -1025,15 +1084,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for repeat in range(args.repeats):
             for i, (name, k) in enumerate(rotated(plan, repeat)):
-                strat = make_strategy(
-                    name, k, os.path.join(parent, f"{repeat}-{i:02d}-{name}"), args.max_overhead
-                )
+                root = os.path.join(parent, f"{repeat}-{i:02d}-{name}")
+                strat = make_strategy(name, k, root, args.max_overhead, args.device)
                 r = run_one(strat, args, batches)
                 results.append(r)
                 print(
                     f"  [{repeat + 1}/{args.repeats}] {name:<20} "
                     f"K={k if k is not None else '-':<4} total {r.total_s:6.2f} s, "
                     f"{r.taken}/{r.due} ckpts, {r.waits} waits, "
+                    f"stall/ckpt {fmt_s(median(r.stalls)) if r.stalls else '-'}, "
                     f"paired overhead {100 * r.paired_overhead:+.1f}%, "
                     f"background CPU {r.bg_cpu_per_gib:.2f} s/GiB "
                     f"(extra CPU {r.extra_cpu_per_gib:.2f} s/GiB)",
