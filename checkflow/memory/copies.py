@@ -15,9 +15,7 @@ is ``load_state_dict``'s into the live tensors.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import mmap
 import os
 from typing import Any
 
@@ -26,7 +24,7 @@ from checkflow.memory.area import REPLICA, TIER, rank_root
 from checkflow.parallel.sharding import LiveState
 from checkflow.read.reader import CheckpointReader
 from checkflow.read.state_dicts import read_state_dicts
-from checkflow.storage import Storage, StorageError
+from checkflow.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -110,41 +108,10 @@ def replica_steps(ram_dir: str, world_size: int) -> dict[int, MappedStorage]:
 
 
 class MappedStorage(Storage):
-    """A local checkpoint root whose reads are ``mmap`` views instead of copies.
+    """A local checkpoint root whose reads of chunks and objects, small ones included, are
+    ``mmap`` views instead of copies (:mod:`checkflow.storage.mapped`); on tmpfs such a view
+    is the memory that holds the copy. Manifests (whole-file reads) are still read."""
 
-    Private (copy-on-write) mappings: a tensor over one is writable, and writing it never
-    changes the file. The file may be deleted (retention) while mapped: its pages stay
-    until the last view is gone.
-    """
-
-    def read(self, relpath: str, start: int = 0, end: int | None = None) -> bytearray:
-        if end is None:
-            return super().read(relpath, start)  # a whole file: a manifest (JSON), small
-        path = self.path(relpath)
-        self.reads += 1
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if not 0 <= start <= end <= size:
-                raise StorageError(
-                    f"{self.url(relpath)} is truncated: wanted bytes {start}..{end}, "
-                    f"it ends at byte {size}"
-                )
-            if start == end:
-                return bytearray()
-            # Private and writable, as a tensor over it must be; not MAP_POPULATE, which on a
-            # writable private mapping copies every page up front.
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        _populate_read(mapped)
-        # The reader only needs a buffer: a memoryview of the mapping stands in for the copy.
-        return memoryview(mapped)[start:end]  # type: ignore[return-value]
-
-
-MADV_POPULATE_READ = 22
-"""Linux >= 5.14: map a range's pages for reading in one call (no copy-on-write break)."""
-
-
-def _populate_read(mapped: mmap.mmap) -> None:
-    """Map every page now instead of one fault per 4 KiB page on first touch; where the
-    kernel lacks ``MADV_POPULATE_READ``, the pages fault in as they are read."""
-    with contextlib.suppress(OSError):
-        mapped.madvise(MADV_POPULATE_READ)
+    def __init__(self, uri: str, **kwargs: Any) -> None:
+        super().__init__(uri, **kwargs)
+        self.map_min_bytes = 1

@@ -25,6 +25,7 @@ from checkflow import knobs
 from checkflow.storage.atomic import write_file_atomic
 from checkflow.storage.direct import write_parts
 from checkflow.storage.errors import Failure, StorageError, access_message, classify_error
+from checkflow.storage.mapped import map_range
 from checkflow.storage.retry import call_with_retries
 from checkflow.types import Buffer
 
@@ -32,6 +33,9 @@ T = TypeVar("T")
 
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 0.1
+MAP_MIN_BYTES = 1 << 20
+"""Local ranges this long or longer are mapped, not copied (:mod:`checkflow.storage.mapped`):
+chunks. Manifests and small objects are read into a ``bytearray`` as before."""
 
 
 class Storage:
@@ -72,6 +76,9 @@ class Storage:
         if self.local:
             root = os.path.abspath(root)
         self.root = root.rstrip("/") or "/"
+        self.map_min_bytes = MAP_MIN_BYTES
+        """Local ranged reads at least this long return ``mmap`` views, not copies; whole-file
+        reads (manifests, JSON) always return a ``bytearray``."""
         self.reads = 0
         """Calls that read from the root (``read``, ``listdir``): how a test proves that a
         restore from the RAM tier did not touch storage."""
@@ -154,9 +161,11 @@ class Storage:
         if self.local:
             with open(target, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                end = size if end is None else end
+                ranged, end = end is not None, size if end is None else end
                 if start > size or end > size:
                     raise self._truncated(relpath, start, end, size)
+                if ranged and end - start >= self.map_min_bytes:  # a chunk, not a manifest
+                    return map_range(f, start, end)  # type: ignore[return-value]
                 buf = bytearray(end - start)
                 f.seek(start)
                 got = f.readinto(buf)
