@@ -27,6 +27,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import evict  # noqa: E402
+
 from checkflow import Checkpointer  # noqa: E402
 
 TENSOR_BYTES = 64 << 20
@@ -44,18 +47,6 @@ class Blob:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for k, v in state.items():
             self.tensors[k].copy_(v)
-
-
-def evict(folder: str) -> None:
-    """Drop ``folder``'s files from the page cache: the next read comes from the disk."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def s3_storage() -> tuple[object, str, dict]:

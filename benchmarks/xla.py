@@ -21,7 +21,10 @@ in flight, so without it a checkpoint's stall would include finishing the step's
   (checkflow's device copy and transfer) still slows the steps it overlaps: this column
   counts it, the stall does not;
 - overhead at K: the run's wall time over the run without checkpoints, minus one;
-- restore: the newest checkpoint back into the live model and optimizer on the device.
+- restore: the newest checkpoint back into the live model and optimizer on the device, its
+  files first dropped from the page cache (both strategies read from the disk, as on a
+  restarted node; checkflow writes with O_DIRECT and leaves nothing cached, save_async
+  writes through the page cache, so without this they would not read alike).
 
 Targets (issue 12): checkflow's stall <= 1/5 of save_async's, its overhead <= 1/2 of
 save_async's, its restore <= 1.2x save_async's.
@@ -47,7 +50,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _common import fmt_s, median, table  # noqa: E402
+from _common import evict, fmt_s, median, table  # noqa: E402
 
 STRATEGIES = ("none", "checkflow", "xla.save_async")
 
@@ -118,6 +121,7 @@ class Run:
         import torch_xla
         import torch_xla.core.xla_model as xm
 
+        evict(self.root)  # both strategies read from the disk, as on a restarted node
         t0 = time.perf_counter()
         if self.ckpt is not None:
             self.ckpt.restore()
