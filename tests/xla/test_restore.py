@@ -40,7 +40,7 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, device: Any
 def _on_cpu(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     def cpu(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            return v.cpu()
+            return v.cpu().clone()  # a CPU tensor's .cpu() is itself: training would move it
         return {k: cpu(x) for k, x in v.items()} if isinstance(v, dict) else v
 
     return {"model": cpu(dict(model.state_dict())), "optim": cpu(opt.state_dict())}
@@ -86,6 +86,34 @@ def test_a_checkpoint_written_on_cpu_restores_onto_xla_bitwise(tmp_path: Path) -
     assert_bitwise_equal(_on_cpu(model, opt), _on_cpu(xla_model, xla_opt))
     # And training goes on from there on the XLA device.
     _train(xla_model, xla_opt, 1, xla)
+
+
+def test_a_restore_into_live_xla_optimizer_state_refills_it_in_place_bitwise(
+    tmp_path: Path,
+) -> None:
+    """With optimizer state already on the device, the restore copies into those tensors
+    (no new device buffers) and training goes on exactly as from a fresh optimizer."""
+    import torch_xla
+
+    xla = torch_xla.device()
+    model, opt = _model(xla)
+    _train(model, opt, 3, xla)
+    _save(tmp_path, model, opt)
+    saved = _on_cpu(model, opt)
+    _train(model, opt, 2, xla)  # live state moves on: the restore must bring it back
+    live = [id(t) for s in opt.state.values() for t in s.values() if t.device.type == "xla"]
+    assert live, "AdamW keeps exp_avg / exp_avg_sq on the device"
+
+    _restore(tmp_path, model, opt)
+    assert_bitwise_equal(saved, _on_cpu(model, opt))
+    after = [id(t) for s in opt.state.values() for t in s.values() if t.device.type == "xla"]
+    assert after == live  # the same device tensors, refilled
+
+    fresh_model, fresh_opt = _model(xla, seed=1)  # no optimizer state: .to() places it
+    _restore(tmp_path, fresh_model, fresh_opt)
+    _train(model, opt, 1, xla)
+    _train(fresh_model, fresh_opt, 1, xla)
+    assert_bitwise_equal(_on_cpu(fresh_model, fresh_opt), _on_cpu(model, opt))
 
 
 def test_q8_incremental_chain_on_xla_restores_its_reconstruction_and_stays_close(
