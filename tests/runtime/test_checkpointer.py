@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 
 import pytest
@@ -57,6 +59,58 @@ def test_keep_retains_the_newest_committed_and_deletes_abandoned_partials(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir(5), step_dir(6)]
 
 
+def test_a_save_resolves_when_committed_not_after_deleting_old_steps(tmp_path, monkeypatch):
+    from checkflow.write import persist
+
+    deleting, release = threading.Event(), threading.Event()
+    real = persist.apply_retention
+    calls = []
+
+    def slow_retention(storage, keep):
+        calls.append(keep)
+        if len(calls) == 2:  # the retention after step 2's commit: step 1 to delete
+            deleting.set()
+            assert release.wait(30)
+        return real(storage, keep)
+
+    monkeypatch.setattr(persist, "apply_retention", slow_retention)
+    state = small_state()
+    with Checkpointer(str(tmp_path), state, every=1000, keep=1) as ck:
+        train_step(state)
+        ck.step()
+        assert ck.save().result(timeout=30) == 1
+        train_step(state)
+        ck.step()
+        # Committed and resolved while the retention it triggered is still held.
+        assert ck.save().result(timeout=30) == 2
+        assert deleting.wait(30)
+        assert [c.step for c in list_checkpoints(str(tmp_path))] == [1, 2]
+        release.set()
+    # close() returns only after the persist thread finished deleting.
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [2]
+
+
+def test_a_failed_retention_is_logged_and_fails_no_checkpoint(tmp_path, monkeypatch, caplog):
+    from checkflow.write import persist
+
+    def broken_retention(storage, keep):
+        raise RuntimeError("listing refused")
+
+    monkeypatch.setattr(persist, "apply_retention", broken_retention)
+    state = small_state()
+    with (
+        caplog.at_level(logging.WARNING, logger="checkflow.write.persist"),
+        Checkpointer(str(tmp_path), state, every=1, keep=1) as ck,
+    ):
+        for _ in range(3):
+            train_step(state)
+            ck.step()
+            ck.wait()
+        assert ck.stats.failed == 0
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [1, 2, 3]
+    assert any("listing refused" in r.getMessage() for r in caplog.records)
+
+
 def test_every_due_checkpoint_is_taken_while_persists_are_slow(tmp_path, monkeypatch):
     # Each persist takes over 1 s while steps take milliseconds: the second snapshot goes
     # into the second buffer set, the later ones wait for a set, and none is skipped.
@@ -91,8 +145,6 @@ def test_every_n_step_exists_after_wait_even_when_steps_outpace_storage(tmp_path
 
 
 def test_waiting_for_a_buffer_set_is_logged_with_its_reason(tmp_path, monkeypatch, caplog):
-    import logging
-
     monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "1.0")
     state = small_state()
     with (
