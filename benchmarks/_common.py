@@ -60,7 +60,10 @@ def evict(folder: str) -> None:
     nothing cached, one that wrote through the page cache would be read from memory."""
     for root, _, files in os.walk(folder):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except FileNotFoundError:  # deleted meanwhile (retention): nothing to drop
+                continue
             try:
                 os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

@@ -293,14 +293,16 @@ class Checkpointer:
         return future
 
     def wait(self) -> None:
-        """Block until every checkpoint in flight is committed.
+        """Block until every checkpoint in flight is committed and the steps beyond
+        ``keep`` deleted (a ``save()`` future resolves at the commit, before that).
 
         Raises:
-            Exception: the first error of a failed persist.
-        """
+            Exception: the first error of a failed persist."""
         with self.paused():  # a blocking wait: not a hang
             pending, self._pending = self._pending, []
             wait_for_all(pending)
+            if self._persist is not None:
+                self._persist.settle()
 
     def _wait_quietly(self) -> None:
         try:

@@ -7,7 +7,8 @@ only once every rank's manifest is stored). The committing rank then applies ret
 after the checkpoint's future has resolved: deleting old steps is housekeeping (on a
 virtual disk, unlinking 1 GiB of chunk files takes 0.5-0.7 s) and a caller waiting on
 ``save().result()`` waits for its checkpoint, not for that. It still runs on this thread
-before the next snapshot is taken up, so ``close()`` returns with it done.
+before the next snapshot is taken up, and ``settle()`` (``Checkpointer.wait()``) waits for
+it, so ``wait()`` and ``close()`` return with old steps gone.
 Nothing here ever runs on the training thread.
 """
 
@@ -110,6 +111,10 @@ class PersistWorker:
         self._deltas_since_full = 0
         self._full_bytes = 0
         self._chain_bytes = 0
+        self._retention = threading.Condition()
+        self._retentions_due = 0
+        """Commits resolved whose retention has not run yet (counted before the future
+        resolves, so whoever saw the future done and calls ``settle`` waits for it)."""
         self._thread = threading.Thread(target=self._run, name="checkflow-persist", daemon=True)
         self._thread.start()
 
@@ -129,6 +134,12 @@ class PersistWorker:
         future: Future[int] = Future()
         self._queue.put(PersistJob(snapshot, future, full, shards, skip))
         return future
+
+    def settle(self) -> None:
+        """Wait for the retention of every commit whose future has resolved (the
+        ``Checkpointer.wait()`` side: after it, old steps beyond ``keep`` are gone)."""
+        with self._retention:
+            self._retention.wait_for(lambda: self._retentions_due == 0)
 
     def close(self) -> None:
         """Finish what is queued, then stop the thread."""
@@ -152,6 +163,10 @@ class PersistWorker:
                 self._reset_chain()
                 log.error("checkpoint of step %d failed: %s", job.snapshot.step, e)
                 error = e
+            retain = committed and self.keep > 0
+            if retain:
+                with self._retention:
+                    self._retentions_due += 1
             # Buffers first, then the future: whoever waited on the future may reuse them.
             try:
                 if self.on_done is not None:
@@ -161,8 +176,8 @@ class PersistWorker:
                     job.future.set_exception(error)
                 else:
                     job.future.set_result(job.snapshot.step)
-            if committed and self.keep:
-                self._retain()
+                if retain:
+                    self._retain()
 
     def _retain(self) -> None:
         """Delete the committed steps beyond ``keep``; a failure is logged, never raised:
@@ -171,6 +186,10 @@ class PersistWorker:
             apply_retention(self.storage, self.keep)
         except Exception as e:
             log.warning("retention after a commit failed (old steps stay): %s", e)
+        finally:
+            with self._retention:
+                self._retentions_due -= 1
+                self._retention.notify_all()
 
     def _reset_chain(self) -> None:
         # After a failure the step this rank's refs point at may never commit: start over.

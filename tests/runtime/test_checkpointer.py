@@ -59,7 +59,7 @@ def test_keep_retains_the_newest_committed_and_deletes_abandoned_partials(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == [step_dir(5), step_dir(6)]
 
 
-def test_a_save_resolves_when_committed_not_after_deleting_old_steps(tmp_path, monkeypatch):
+def test_a_save_resolves_at_its_commit_and_wait_after_deleting_old_steps(tmp_path, monkeypatch):
     from checkflow.write import persist
 
     deleting, release = threading.Event(), threading.Event()
@@ -85,9 +85,10 @@ def test_a_save_resolves_when_committed_not_after_deleting_old_steps(tmp_path, m
         assert ck.save().result(timeout=30) == 2
         assert deleting.wait(30)
         assert [c.step for c in list_checkpoints(str(tmp_path))] == [1, 2]
-        release.set()
-    # close() returns only after the persist thread finished deleting.
-    assert [c.step for c in list_checkpoints(str(tmp_path))] == [2]
+        threading.Timer(0.2, release.set).start()
+        ck.wait()  # waits for the retention too: after it, step 1 is gone
+        assert release.is_set()
+        assert [c.step for c in list_checkpoints(str(tmp_path))] == [2]
 
 
 def test_a_failed_retention_is_logged_and_fails_no_checkpoint(tmp_path, monkeypatch, caplog):
