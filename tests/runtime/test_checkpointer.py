@@ -98,16 +98,9 @@ def test_a_failed_retention_is_logged_and_fails_no_checkpoint(tmp_path, monkeypa
         raise RuntimeError("listing refused")
 
     monkeypatch.setattr(persist, "apply_retention", broken_retention)
-    state = small_state()
-    with (
-        caplog.at_level(logging.WARNING, logger="checkflow.write.persist"),
-        Checkpointer(str(tmp_path), state, every=1, keep=1) as ck,
-    ):
-        for _ in range(3):
-            train_step(state)
-            ck.step()
-            ck.wait()
-        assert ck.stats.failed == 0
+    with caplog.at_level(logging.WARNING, logger="checkflow.write.persist"):
+        ck = _run(str(tmp_path), small_state(), 3, every=1, keep=1)
+    assert ck.stats.failed == 0
     assert [c.step for c in list_checkpoints(str(tmp_path))] == [1, 2, 3]
     assert any("listing refused" in r.getMessage() for r in caplog.records)
 
