@@ -1,8 +1,7 @@
 """The public ``Checkpointer``: wires policy, snapshot, persist and the coordinator client.
 
-It does no I/O and no encoding itself. On the training thread it only counts steps, asks
-the policy whether a checkpoint is due, and starts a snapshot; everything slow runs in the
-snapshot and persist threads.
+It does no I/O and no encoding: on the training thread it counts steps, asks the policy
+whether a checkpoint is due and starts a snapshot; the slow work runs on other threads.
 """
 
 from __future__ import annotations
@@ -27,11 +26,12 @@ from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
 from checkflow.write.backpressure import acquire_buffer_set, count_skip, wait_for_all
+from checkflow.write.buffers import HostBufferPool
 from checkflow.write.commit import RankResult, commit_protocol
 from checkflow.write.measure import CostMeter
 from checkflow.write.persist import PersistWorker
 from checkflow.write.policy import SavePolicy, save_policy
-from checkflow.write.snapshot import HostBufferPool, Snapshot, Snapshotter, protected_pointers
+from checkflow.write.snapshot import Snapshot, Snapshotter, protected_pointers
 from checkflow.write.stats import CheckpointStats
 
 log = logging.getLogger(__name__)

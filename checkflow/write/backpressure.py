@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from concurrent.futures import Future
 
-from checkflow.write.snapshot import BufferSets, HostBufferPool
+from checkflow.write.buffers import BufferSets, HostBufferPool
 from checkflow.write.stats import CheckpointStats
 
 log = logging.getLogger(__name__)

@@ -156,8 +156,7 @@ class PersistWorker:
             error: BaseException | None = None
             committed = False
             try:
-                job.snapshot.wait()
-                committed = self._persist(job)
+                committed = self._persist(job)  # writes each tensor once it is copied
             except BaseException as e:  # a failed persist must not kill the worker
                 self.stats.failed += 1
                 self._reset_chain()
@@ -229,7 +228,7 @@ class PersistWorker:
         writer = DataFileWriter(self.storage, folder, self.rank)
         new_refs: dict[tuple[str, int], Any] = {}
         chunks: list[mf.ChunkEntry] = []
-        for fqn, tensor in snap.tensors.items():
+        for fqn, tensor in snap.ready():
             if fqn in job.skip:
                 continue
             # A DTensor's shard (the write plan), or one of an XLA tensor's SPMD shards.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,102 +33,9 @@ import torch
 
 from checkflow import xla
 from checkflow.state import FlatState
+from checkflow.write.buffers import BufferSets, HostBufferPool
 
 log = logging.getLogger(__name__)
-
-
-class HostBufferPool:
-    """One host tensor per fqn, reused by every snapshot; pinned when the source is on CUDA."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-        self.allocations = 0
-        """How many buffers were allocated so far; constant in steady state."""
-
-    def buffer_for(self, fqn: str, source: torch.Tensor) -> torch.Tensor:
-        buf = self._buffers.get(fqn)
-        if buf is None or buf.shape != source.shape or buf.dtype != source.dtype:
-            # Pinning needs a CUDA driver; a tensor that only claims to be on CUDA (the
-            # stand-in of the unit tests) gets pageable memory.
-            pin = source.is_cuda and torch.cuda.is_available()
-            buf = torch.empty(source.shape, dtype=source.dtype, pin_memory=pin)
-            self._buffers[fqn] = buf
-            self.allocations += 1
-        return buf
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
-
-class BufferSets:
-    """At most ``limit`` host buffer sets, made on first need and then reused.
-
-    A set is *acquired* for one snapshot on the training thread and *released* by the
-    persist thread once that snapshot is written (its buffers may then be overwritten).
-    With two sets, one snapshot can be copied while the previous one is still persisting;
-    memory is one more copy of the state, allocated once.
-    """
-
-    def __init__(self, limit: int = 2) -> None:
-        if limit < 1:
-            raise ValueError(f"need at least one host buffer set, got {limit}")
-        self.limit = limit
-        self._free: list[HostBufferPool] = []
-        self._made: list[HostBufferPool] = []
-        self._cond = threading.Condition()
-
-    @property
-    def made(self) -> int:
-        """Buffer sets allocated so far (1 while persists keep up, at most ``limit``)."""
-        return len(self._made)
-
-    @property
-    def allocations(self) -> int:
-        """Host tensors allocated over all sets; constant in steady state."""
-        return sum(p.allocations for p in self._made)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self._made)
-
-    def has_free(self) -> bool:
-        """True when ``try_acquire`` would succeed now."""
-        with self._cond:
-            return bool(self._free) or len(self._made) < self.limit
-
-    def try_acquire(self) -> HostBufferPool | None:
-        """A free set (a new one while under ``limit``), or None when every set is in use."""
-        with self._cond:
-            return self._take_locked()
-
-    def acquire(self) -> tuple[HostBufferPool, float]:
-        """A free set, waiting for a persist to release one; returns it and seconds waited."""
-        t0 = time.perf_counter()
-        with self._cond:
-            pool = self._take_locked()
-            while pool is None:
-                self._cond.wait()
-                pool = self._take_locked()
-        return pool, time.perf_counter() - t0
-
-    def release(self, pool: HostBufferPool) -> None:
-        """Give back a set whose snapshot is written (called by the persist thread)."""
-        with self._cond:
-            if any(p is pool for p in self._free):
-                return  # released twice (a failed persist): keep one entry
-            self._free.append(pool)
-            self._cond.notify()
-
-    def _take_locked(self) -> HostBufferPool | None:
-        if self._free:
-            # Most recently released first: its pages are the warmest.
-            return self._free.pop()
-        if len(self._made) < self.limit:
-            pool = HostBufferPool()
-            self._made.append(pool)
-            return pool
-        return None
 
 
 @dataclass(eq=False)
@@ -147,6 +55,9 @@ class Snapshot:
     """Where a host tensor sits in its global tensor when it is one of several boxes of it
     (the shards of an SPMD tensor); filled once the transfer is done."""
     _cpu_done: Future[None] | None = None
+    _cpu_order: dict[str, int] = field(default_factory=dict)
+    """Background-copied host tensors by their place in the copy thread's order."""
+    _cpu_progress: CopyProgress | None = None
     _xla_done: Future[None] | None = None
     """The transfer of the XLA tensors' frozen copies; the optimizer step never waits for it."""
     _cuda_events: list[tuple[int, Any]] = field(default_factory=list)
@@ -168,6 +79,27 @@ class Snapshot:
         if self.copied is None:
             self.copied = time.perf_counter()
 
+    def ready(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(fqn, host tensor)`` in order, each once it holds its copy (persist thread).
+
+        A CPU tensor copied in the background comes as soon as the copy thread is past it,
+        so the persist thread writes the first tensors while later ones are still copied
+        (the copy of a 512 MiB shard is most of a second on two busy cores); CUDA and XLA
+        tensors come once all of them are on the host.
+        """
+        if self._xla_done is not None:
+            self._xla_done.result()
+        for _, event in self._cuda_events:
+            event.synchronize()
+        for fqn, tensor in list(self.tensors.items()):
+            index = self._cpu_order.get(fqn)
+            progress = self._cpu_progress
+            if index is not None and progress is not None and not progress.wait_past(index):
+                assert self._cpu_done is not None
+                self._cpu_done.result()  # the copy failed: raise its error
+            yield fqn, tensor
+        self.wait()
+
     def block_optimizer(self) -> float:
         """Make the next optimizer step wait for the copy; returns seconds the host waited.
 
@@ -182,6 +114,32 @@ class Snapshot:
         t0 = time.perf_counter()
         self._cpu_done.result()
         return time.perf_counter() - t0
+
+
+class CopyProgress:
+    """How many of a snapshot's background copies are done, for ``Snapshot.ready``."""
+
+    def __init__(self) -> None:
+        self.copied = 0
+        self.finished = False
+        """All copied, or the copy failed."""
+        self._cond = threading.Condition()
+
+    def advance(self) -> None:
+        with self._cond:
+            self.copied += 1
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self.finished = True
+            self._cond.notify_all()
+
+    def wait_past(self, index: int) -> bool:
+        """Wait until copy ``index`` is done (True) or the copy stopped short of it."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.copied > index or self.finished)
+            return self.copied > index
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +211,7 @@ class Snapshotter:
         """
         hosts: dict[str, torch.Tensor] = {}
         background: list[tuple[torch.Tensor, torch.Tensor]] = []
+        order: dict[str, int] = {}  # fqn -> its place in ``background``
         by_cuda: dict[int, list[tuple[torch.Tensor, torch.Tensor, bool]]] = {}
         on_xla: dict[str, torch.Tensor] = {}
         for fqn, src in flat.tensors.items():
@@ -266,6 +225,7 @@ class Snapshotter:
             if src.is_cuda:
                 by_cuda.setdefault(src.device.index or 0, []).append((dst, src, is_protected))
             elif is_protected:
+                order[fqn] = len(background)
                 background.append((dst, src))
             else:
                 dst.copy_(src)
@@ -285,7 +245,9 @@ class Snapshotter:
         if by_cuda:
             snap._cuda = self.cuda
         if background:
-            snap._cpu_done = self._executor.submit(_copy_all, background)
+            snap._cpu_order = order
+            snap._cpu_progress = progress = CopyProgress()
+            snap._cpu_done = self._executor.submit(_copy_all, background, progress)
         if on_xla:
             _XlaCopy(snap, self.xla_devices).start(on_xla, self._executor)
         return snap
@@ -299,10 +261,14 @@ class Snapshotter:
         self._executor.shutdown(wait=True)
 
 
-def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    with torch.no_grad():
-        for dst, src in pairs:
-            dst.copy_(src)
+def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]], progress: CopyProgress) -> None:
+    try:
+        with torch.no_grad():
+            for dst, src in pairs:
+                dst.copy_(src)
+                progress.advance()
+    finally:
+        progress.finish()
 
 
 def _data_ptr(t: torch.Tensor) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
-from checkflow.state import flatten
-from checkflow.write.snapshot import BufferSets, Snapshotter, protected_pointers
+from checkflow.state import FlatState, flatten
+from checkflow.write.buffers import BufferSets
+from checkflow.write.snapshot import Snapshotter, protected_pointers
 from tests.runtime._models import small_state, train_step
 
 
@@ -164,3 +166,67 @@ def test_buffer_sets_make_at_most_two_and_wait_for_a_release():
     got, waited = sets.acquire()
     assert got is a and waited >= 0.15
     assert sets.made == 2
+
+
+class _GatedCopy(torch.Tensor):
+    """A source tensor whose copy into a host buffer waits for ``gate``: holds the copy
+    thread at a known tensor, so what ``ready`` hands out before then is provable."""
+
+    gate = threading.Event()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            cls.gate.wait()
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _two_tensor_state() -> tuple[FlatState, set[int]]:
+    first = torch.arange(1024, dtype=torch.float32)
+    second = torch.full((1024,), 7.0).as_subclass(_GatedCopy)
+    flat = FlatState(tensors={"first": first, "second": second}, skeleton={})
+    return flat, {first.untyped_storage().data_ptr(), second.untyped_storage().data_ptr()}
+
+
+def test_ready_hands_out_each_tensor_once_copied_while_later_ones_still_copy():
+    # The persist thread writes the first tensors of a snapshot while the copy thread is
+    # still copying later ones, instead of waiting for the whole copy.
+    _GatedCopy.gate.clear()
+    snapper = Snapshotter()
+    flat, protected = _two_tensor_state()
+    snap = _take(snapper, 1, flat, protected)
+    ready = snap.ready()
+    fqn, tensor = next(ready)
+    assert fqn == "first" and torch.equal(tensor, torch.arange(1024, dtype=torch.float32))
+    assert not snap.done()  # the copy of "second" is held at its gate
+    got: list[tuple[str, torch.Tensor]] = []
+    waiter = threading.Thread(target=lambda: got.extend(ready))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not got  # "second" is not handed out before its copy
+    _GatedCopy.gate.set()
+    waiter.join(10)
+    assert [f for f, _ in got] == ["second"] and torch.equal(got[0][1], torch.full((1024,), 7.0))
+    assert snap.done() and snap.copied is not None
+    snapper.close()
+
+
+class _FailingCopy(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            raise RuntimeError("device lost")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_ready_raises_the_copy_error_at_the_first_tensor_never_copied():
+    snapper = Snapshotter()
+    first = torch.ones(16)
+    broken = torch.zeros(16).as_subclass(_FailingCopy)
+    flat = FlatState(tensors={"first": first, "broken": broken}, skeleton={})
+    protected = {t.untyped_storage().data_ptr() for t in (first, broken)}
+    ready = _take(snapper, 1, flat, protected).ready()
+    assert next(ready)[0] == "first"
+    with pytest.raises(RuntimeError, match="device lost"):
+        next(ready)
+    snapper.close()
