@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +163,10 @@ class PersistWorker:
                 self._reset_chain()
                 log.error("checkpoint of step %d failed: %s", job.snapshot.step, e)
                 error = e
+                # Its buffers go back only once nothing copies into them: a persist that
+                # failed early (unstorable objects) did not wait for the copy.
+                with suppress(BaseException):
+                    job.snapshot.wait()
             retain = committed and self.keep > 0
             if retain:
                 with self._retention:

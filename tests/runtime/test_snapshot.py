@@ -7,8 +7,13 @@ import threading
 import pytest
 import torch
 
+from checkflow.codec import CodecRules
+from checkflow.objects import UnstorableObjectError
 from checkflow.state import FlatState, flatten
+from checkflow.storage import Storage
 from checkflow.write.buffers import BufferSets
+from checkflow.write.commit import SingleProcessCommit
+from checkflow.write.persist import PersistWorker
 from checkflow.write.snapshot import Snapshotter, protected_pointers
 from tests.runtime._models import small_state, train_step
 
@@ -229,4 +234,27 @@ def test_ready_raises_the_copy_error_at_the_first_tensor_never_copied():
     assert next(ready)[0] == "first"
     with pytest.raises(RuntimeError, match="device lost"):
         next(ready)
+    snapper.close()
+
+
+def test_a_persist_that_fails_before_writing_releases_the_buffers_only_after_the_copy(tmp_path):
+    # The persist thread no longer waits for the whole copy before it starts; one that fails
+    # at once must still not hand the buffer set back while the copy thread writes into it.
+    _GatedCopy.gate.clear()
+    snapper = Snapshotter()
+    flat, protected = _two_tensor_state()
+    flat.skeleton["not data"] = object()  # objects.encode refuses it: the persist fails first
+    released: list[bool] = []
+    worker = PersistWorker(
+        Storage(str(tmp_path)),
+        codecs=CodecRules("exact"),
+        commit=SingleProcessCommit(),
+        on_done=lambda snap: released.append(snap.done()),
+    )
+    future = worker.submit(_take(snapper, 1, flat, protected))
+    threading.Timer(0.3, _GatedCopy.gate.set).start()
+    with pytest.raises(UnstorableObjectError):
+        future.result(timeout=10)
+    assert released == [True]
+    worker.close()
     snapper.close()
