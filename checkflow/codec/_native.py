@@ -111,6 +111,9 @@ class NativeKernel:
         for fn in (self._shuffle, self._unshuffle):
             fn.argtypes = [_P, _P, _I64, _I64]
             fn.restype = None
+        self._unshuffle_planes = lib.unshuffle_planes
+        self._unshuffle_planes.argtypes = [_P, _P, _I64, _I64]
+        self._unshuffle_planes.restype = None
 
     def shuffle(
         self, raw: torch.Tensor | np.ndarray, itemsize: int, inverse: bool = False
@@ -121,6 +124,16 @@ class NativeKernel:
         if raw.nbytes:
             fn = self._unshuffle if inverse else self._shuffle
             fn(_ptr(raw), _ptr(out), raw.nbytes // itemsize, itemsize)
+        return out
+
+    def unshuffle_planes(self, planes: list[Any], numel: int, itemsize: int) -> torch.Tensor:
+        """``numel`` elements of ``itemsize`` bytes from their byte planes (buffers of
+        ``numel`` bytes each, read-only ones too: they are only read), into a fresh tensor."""
+        out = fresh(numel * itemsize, torch.uint8)
+        if numel:
+            arrays = [np.frombuffer(p, dtype=np.uint8) for p in planes]
+            pointers = (ctypes.c_void_p * itemsize)(*[a.ctypes.data for a in arrays])
+            self._unshuffle_planes(pointers, _ptr(out), numel, itemsize)
         return out
 
     def supports(self, dtype: torch.dtype) -> bool:

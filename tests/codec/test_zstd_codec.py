@@ -51,3 +51,74 @@ def test_compiled_unshuffle_gives_the_same_bytes_as_numpy(itemsize, monkeypatch)
 def test_a_payload_of_torn_items_is_a_codec_error():
     with pytest.raises(CodecError, match="not whole 4-byte items"):
         unshuffle_bytes(b"\x00" * 10, 4)
+
+
+def _trained_like(numel: int) -> torch.Tensor:
+    """fp32 values spread like trained weights: random mantissas, a few exponents."""
+    return torch.randn(numel, generator=torch.Generator().manual_seed(2)) * 0.02
+
+
+def test_noise_planes_are_stored_raw_and_the_exponent_plane_compressed():
+    x = _trained_like(600_000)  # planes of 600 kB: larger than the sample that decides
+    enc, _ = ZstdCodec().encode(x)
+    kinds = [kind for kind, _ in enc.params["planes"]]
+    assert kinds == ["raw", "raw", "raw", "zstd"]
+    sizes = [nbytes for _, nbytes in enc.params["planes"]]
+    assert sizes[:3] == [x.numel()] * 3 and sizes[3] < x.numel() // 2
+    assert [memoryview(p).nbytes for p in enc.data] == sizes
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_planes_round_trip_bitwise_with_either_interleave(compiled, monkeypatch):
+    if compiled and _native.load() is None:
+        pytest.fail("the C kernel does not build here; the compiled path cannot be checked")
+    if not compiled:
+        monkeypatch.setattr(_native, "load", lambda: None)
+    for x in (_trained_like(600_000), _tensor(torch.bfloat16, (300, 700)), _tensor(torch.float64)):
+        enc, _ = ZstdCodec().encode(x)
+        data = b"".join(bytes(memoryview(p)) for p in enc.data)
+        out = ZstdCodec().decode(data, enc.params, dtype=x.dtype, shape=tuple(x.shape))
+        assert torch.equal(out.view(torch.uint8), x.view(torch.uint8))
+
+
+def test_a_chunk_written_as_one_frame_before_planes_still_decodes():
+    import zstandard
+
+    x = _trained_like(50_000)
+    frame = zstandard.ZstdCompressor(level=1).compress(shuffle_bytes(x))
+    out = ZstdCodec().decode(frame, {"level": 1, "shuffle": 4}, dtype=x.dtype, shape=(50_000,))
+    assert torch.equal(out, x)
+
+
+def _planes(x: torch.Tensor) -> tuple[bytes, dict]:
+    enc, _ = ZstdCodec().encode(x)
+    return b"".join(bytes(memoryview(p)) for p in enc.data), enc.params
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d, p: (d[:-10], p), "ends after"),
+        (lambda d, p: (d + b"\x00", p), "its planes"),
+        (lambda d, p: (d, {**p, "planes": p["planes"][:3]}), "lists 3 byte planes, not 4"),
+        (lambda d, p: (d, {**p, "planes": [["lz4", n] for _, n in p["planes"]]}), "unknown kind"),
+        (
+            lambda d, p: (d[: -p["planes"][3][1]] + b"\xff" * p["planes"][3][1], p),
+            "corrupt in plane 3",
+        ),
+    ],
+    ids=["truncated", "trailing", "plane-count", "kind", "frame"],
+)
+def test_a_damaged_planes_chunk_is_a_codec_error_naming_what(damage, message):
+    data, params = damage(*_planes(_trained_like(600_000)))
+    with pytest.raises(CodecError, match=message):
+        ZstdCodec().decode(data, params, dtype=torch.float32, shape=(600_000,))
+
+
+def test_compiled_shuffle_gives_numpy_s_bytes(monkeypatch):
+    if _native.load() is None:
+        pytest.fail("the C kernel does not build here; the compiled path cannot be checked")
+    x = _trained_like(10_001)
+    compiled = bytes(shuffle_bytes(x))
+    monkeypatch.setattr(_native, "load", lambda: None)
+    assert compiled == bytes(shuffle_bytes(x))

@@ -178,9 +178,11 @@ void shuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
     }
 }
 
-void unshuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
+/* Un-shuffle from es planes of n bytes each that may lie anywhere (raw planes in a mapped
+   file, a decompressed one in its own buffer), so no plane is first copied next to the others. */
+void unshuffle_planes(const uint8_t *const *planes, uint8_t *out, int64_t n, int64_t es) {
     if (es == 4) {
-        const uint8_t *p0 = in, *p1 = in + n, *p2 = in + 2 * n, *p3 = in + 3 * n;
+        const uint8_t *p0 = planes[0], *p1 = planes[1], *p2 = planes[2], *p3 = planes[3];
         for (int64_t i = 0; i < n; i++) {
             uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16)
                          | ((uint32_t)p3[i] << 24);
@@ -188,13 +190,28 @@ void unshuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
         }
         return;
     }
+    if (es == 2) {
+        const uint8_t *p0 = planes[0], *p1 = planes[1];
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t v = (uint16_t)(p0[i] | (p1[i] << 8));
+            memcpy(out + 2 * i, &v, 2);
+        }
+        return;
+    }
     for (int64_t i0 = 0; i0 < n; i0 += 4096) {
         int64_t i1 = i0 + 4096 < n ? i0 + 4096 : n;
         for (int64_t k = 0; k < es; k++) {
-            const uint8_t *p = in + k * n;
+            const uint8_t *p = planes[k];
             for (int64_t i = i0; i < i1; i++) out[i * es + k] = p[i];
         }
     }
+}
+
+void unshuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
+    const uint8_t *planes[64];
+    if (es > 64) return;
+    for (int64_t k = 0; k < es; k++) planes[k] = in + k * n;
+    unshuffle_planes(planes, out, n, es);
 }
 
 /* One instantiation of quant_dtype.h per float type (a template, done by the preprocessor). */
