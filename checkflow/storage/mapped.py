@@ -15,8 +15,9 @@ so a mapped range cannot shrink under a reader.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 MADV_POPULATE_READ = 22
 """Linux >= 5.14: map a range's pages for reading in one call (no copy-on-write break)."""
@@ -30,6 +31,33 @@ def map_range(f: BinaryIO, start: int, end: int) -> memoryview:
     mapped = mmap.mmap(f.fileno(), end - offset, access=mmap.ACCESS_COPY, offset=offset)
     # Map every page now instead of one fault per 4 KiB page on first touch; where the
     # kernel lacks MADV_POPULATE_READ, the pages fault in as they are read.
-    with contextlib.suppress(OSError):
-        mapped.madvise(MADV_POPULATE_READ)
+    populate(mapped)
     return memoryview(mapped)[start - offset :]
+
+
+_libc: Any = None
+
+
+def populate(mapped: mmap.mmap) -> None:
+    """``MADV_POPULATE_READ`` over all of ``mapped``, without holding the GIL.
+
+    ``mmap.madvise`` holds the GIL while the kernel reads the pages in, so a cold chunk's
+    disk read (tens of ms) stopped every other Python thread: the reader's second thread
+    could not start its own read, nor the main thread take a decoded chunk. Called through
+    ctypes, which releases the GIL, reads overlap (measured on XLA:CPU, where the restore
+    reads its 864 MiB cold: see benchmarks/README.md). Advisory: failures are ignored.
+    """
+    global _libc
+    try:
+        if _libc is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _libc = libc
+        anchor = ctypes.c_char.from_buffer(mapped)  # the mapping's address, briefly exported
+        address = ctypes.addressof(anchor)
+        del anchor
+    except (OSError, AttributeError, TypeError, ValueError):
+        with contextlib.suppress(OSError):
+            mapped.madvise(MADV_POPULATE_READ)
+        return
+    _libc.madvise(address, len(mapped), MADV_POPULATE_READ)
