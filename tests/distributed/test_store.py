@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from torch.distributed import TCPStore
 
 from checkflow import list_checkpoints
 from tests.distributed._launch import job_store, run_ranks
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.distributed,
+    # The XLA lane runs these on torch 2.9, whose TCPStore cannot list its keys.
+    pytest.mark.skipif(
+        not hasattr(TCPStore, "list_keys"), reason="torch 2.9's TCPStore has no list_keys"
+    ),
+]
 
 
 def _keys_after_training(tmp_path, steps: int) -> list[str]:
