@@ -44,8 +44,8 @@ def populate(mapped: mmap.mmap) -> None:
     ``mmap.madvise`` holds the GIL while the kernel reads the pages in, so a cold chunk's
     disk read (tens of ms) stopped every other Python thread: the reader's second thread
     could not start its own read, nor the main thread take a decoded chunk. Called through
-    ctypes, which releases the GIL, reads overlap (measured on XLA:CPU, where the restore
-    reads its 864 MiB cold: see benchmarks/README.md). Advisory: failures are ignored.
+    ctypes, which releases the GIL, reads overlap (``benchmarks/cold_read.py``). Advisory:
+    failures are ignored.
     """
     global _libc
     try:

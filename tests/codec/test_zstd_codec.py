@@ -122,3 +122,13 @@ def test_compiled_shuffle_gives_numpy_s_bytes(monkeypatch):
     compiled = bytes(shuffle_bytes(x))
     monkeypatch.setattr(_native, "load", lambda: None)
     assert compiled == bytes(shuffle_bytes(x))
+
+
+@pytest.mark.parametrize("itemsize", [3, 16, 24])
+def test_compiled_unshuffle_of_odd_and_wide_items_gives_numpy_s_bytes(itemsize, monkeypatch):
+    if _native.load() is None:
+        pytest.fail("the C kernel does not build here; the compiled path cannot be checked")
+    shuffled = torch.randint(0, 256, (itemsize * 1001,), dtype=torch.uint8).numpy().tobytes()
+    compiled = bytes(unshuffle_bytes(shuffled, itemsize))
+    monkeypatch.setattr(_native, "load", lambda: None)
+    assert compiled == bytes(unshuffle_bytes(shuffled, itemsize))

@@ -208,10 +208,14 @@ void unshuffle_planes(const uint8_t *const *planes, uint8_t *out, int64_t n, int
 }
 
 void unshuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
-    const uint8_t *planes[64];
-    if (es > 64) return;
-    for (int64_t k = 0; k < es; k++) planes[k] = in + k * n;
-    unshuffle_planes(planes, out, n, es);
+    const uint8_t *planes[16];  /* torch's widest element (complex128) is 16 bytes */
+    if (es <= 16) {
+        for (int64_t k = 0; k < es; k++) planes[k] = in + k * n;
+        unshuffle_planes(planes, out, n, es);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t k = 0; k < es; k++) out[i * es + k] = in[k * n + i];
 }
 
 /* One instantiation of quant_dtype.h per float type (a template, done by the preprocessor). */
