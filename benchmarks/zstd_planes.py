@@ -1,0 +1,89 @@
+"""What zstd does with each byte plane of trained fp32 state, and what decoding it costs.
+
+A ``Linear(2048, 2048)`` + AdamW trained 3 steps (16 MiB per tensor, as one chunk of
+``overhead.py``'s state). For the weight, ``exp_avg`` and ``exp_avg_sq``: each byte plane's
+size after zstd level 1, the time to decompress the compressible (exponent) plane at
+levels -10 to 9, and the time to encode the tensor as one zstd frame of all planes (the
+codec before byte planes were stored apart) against ``ZstdCodec().encode`` now. Medians of
+``--repeats`` on one thread.
+
+    .venv/bin/python benchmarks/zstd_planes.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+import zstandard
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import median_time  # noqa: E402
+
+from checkflow.codec.zstd import ZstdCodec, shuffle_bytes  # noqa: E402
+
+LEVELS = (-10, -3, 1, 3, 9)
+
+
+def trained_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(2048, 2048)
+    opt = torch.optim.AdamW(layer.parameters())
+    for _ in range(3):
+        layer(torch.randn(64, 2048)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    moments = opt.state[layer.weight]
+    return {
+        "weight": layer.weight.detach().contiguous(),
+        "exp_avg": moments["exp_avg"],
+        "exp_avg_sq": moments["exp_avg_sq"],
+    }
+
+
+def encode_one_frame(x: torch.Tensor, cctx: zstandard.ZstdCompressor) -> bytes:
+    """The codec before byte planes: numpy's byte shuffle, then one frame of all of it."""
+    grouped = x.reshape(-1).view(torch.uint8).numpy().reshape(-1, x.element_size())
+    return cctx.compress(np.ascontiguousarray(grouped.T))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--repeats", type=int, default=7)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    reps = args.repeats
+    for name, x in trained_state().items():
+        shuffled = shuffle_bytes(x)
+        n = x.numel()
+        planes = [shuffled[k * n : (k + 1) * n] for k in range(4)]
+        c1 = zstandard.ZstdCompressor(level=1)
+        ratios = [len(c1.compress(pl)) / n for pl in planes]
+        print(
+            f"{name} ({x.nbytes >> 20} MiB): planes after zstd level 1 (low byte first): "
+            + ", ".join(f"{r:.1%}" for r in ratios)
+        )
+        exponent = planes[3]
+        for level in LEVELS:
+            frame = zstandard.ZstdCompressor(level=level).compress(exponent)
+            t = median_time(
+                lambda f=frame, n=n: zstandard.ZstdDecompressor().decompress(f, max_output_size=n),
+                reps,
+            )
+            print(
+                f"  exponent plane, level {level:3d}: {len(frame) / n:.1%}, "
+                f"decompress {t * 1e3:.2f} ms per {n >> 20} MiB"
+            )
+        one_frame = median_time(lambda x=x, c=c1: encode_one_frame(x, c), reps)
+        planes_now = median_time(lambda x=x: ZstdCodec().encode(x), reps)
+        print(
+            f"  encode: one frame of all planes {one_frame * 1e3:.1f} ms, "
+            f"ZstdCodec now {planes_now * 1e3:.1f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
