@@ -1,4 +1,5 @@
-"""Write a local file without the page cache (``O_DIRECT``), falling back to plain writes.
+"""Write (and read) local files without the page cache (``O_DIRECT``), falling back to
+plain I/O where the filesystem refuses it.
 
 Why: a buffered ``write`` copies every byte into freshly allocated page-cache pages, which
 the kernel then writes back and later frees when retention deletes the file. On a CPU
@@ -17,6 +18,10 @@ own memory (``checkflow.write.datafiles`` pads its layout so that snapshot buffe
 rest is copied into a page-aligned bounce buffer and written in ``BLOCK_BYTES`` pieces. The
 last bytes that do not fill an aligned block are written with ``O_DIRECT`` turned off.
 Filesystems that refuse ``O_DIRECT`` (tmpfs, some FUSE mounts) get plain writes.
+
+``read_range`` is the read side, for a restore whose bytes only pass through the host on
+their way to a device (``checkflow.read``): read into memory of the process's own heap,
+they leave no page-cache pages behind to allocate, map and later reclaim.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import fcntl
 import logging
 import mmap
 import os
+import sys
 import threading
 from collections.abc import Sequence
+from typing import BinaryIO
 
 import numpy as np
 
@@ -70,6 +77,95 @@ def write_parts(path: str, parts: Sequence[memoryview], *, direct: bool = True) 
             _refused.add(_device(path))
             log.info("%s refuses O_DIRECT (%s): checkpoints there use buffered writes", path, e)
     _write_buffered(path, parts)
+
+
+class ReadBuffers:
+    """Page-aligned buffers that ``read_range`` reads into, each reused once nothing refers
+    to it any more (a tensor decoded from it, a transfer to a device still running).
+
+    A restore that sends each tensor to its device as soon as it is read then needs a few
+    chunks of host memory in all, touched once. Whether a buffer is still in use is read
+    from its reference count: every view of it (memoryview, numpy, ``torch.frombuffer``)
+    holds one, however it was derived.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.allocated = 0
+        """Buffers allocated so far (reused ones are not counted again)."""
+        # What ``_counts`` says of a buffer that only this object holds (the interpreter's
+        # own references differ between Python versions, so it is measured, not assumed).
+        self._held: list[np.ndarray] = [np.empty(1, dtype=np.uint8)]
+        self._unused_count = self._counts()[0]
+        self._held = []
+
+    def _counts(self) -> list[int]:
+        return [sys.getrefcount(raw) for raw in self._held]
+
+    def take(self, nbytes: int) -> memoryview:
+        """``nbytes`` of page-aligned memory, writable, for the caller alone."""
+        with self._lock:
+            free = [
+                raw
+                for raw, count in zip(self._held, self._counts(), strict=True)
+                if count <= self._unused_count and raw.nbytes >= nbytes + ALIGN
+            ]
+            if free:
+                raw = min(free, key=lambda b: b.nbytes)  # the smallest that fits
+            else:
+                raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+                self._held.append(raw)
+                self.allocated += 1
+            skip = -int(raw.ctypes.data) % ALIGN
+            return memoryview(raw)[skip : skip + nbytes]  # type: ignore[arg-type]
+
+
+def read_range(f: BinaryIO, start: int, end: int, buffers: ReadBuffers) -> memoryview:
+    """Bytes ``[start, end)`` of the open file ``f`` (within its size), read with
+    ``O_DIRECT`` into one of ``buffers`` (plain reads where the filesystem refuses it).
+
+    The read covers the aligned blocks around the range, and nothing lands in the page
+    cache: no new page-cache pages to allocate, map and later reclaim, and the buffers are
+    memory the process already touched (a virtual machine may make first touches of new
+    pages slow: ``benchmarks/xla_restore_phases.py``).
+
+    Raises:
+        OSError: the read failed, or the file ends before ``end``.
+    """
+    lo, hi = start - start % ALIGN, -(-end // ALIGN) * ALIGN
+    buf = buffers.take(hi - lo)
+    got = 0
+    if direct_io_supported() and _device(f.name) not in _refused:
+        try:
+            got = _read_all(f.name, buf, lo, os.O_DIRECT)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            _refused.add(_device(f.name))
+            log.info("%s refuses O_DIRECT (%s): restores there read through the cache", f.name, e)
+            got = 0
+    if got < end - lo:
+        got = _read_all(f.name, buf, lo, 0)
+    if got < end - lo:
+        raise OSError(errno.EIO, f"{f.name} ends at byte {lo + got}, before byte {end}")
+    return buf[start - lo : end - lo]
+
+
+def _read_all(path: str, buf: memoryview, offset: int, flags: int) -> int:
+    """Read ``buf`` from ``offset`` of ``path`` until it is full or the file ends."""
+    fd = os.open(path, os.O_RDONLY | flags)
+    try:
+        got = 0
+        while got < buf.nbytes:
+            n = os.preadv(fd, [buf[got:]], offset + got)
+            if n <= 0:
+                break
+            got += n
+            if flags and got % ALIGN:
+                break  # a direct read stops short only at the end of the file
+        return got
+    finally:
+        os.close(fd)
 
 
 def _write_buffered(path: str, parts: Sequence[memoryview]) -> None:

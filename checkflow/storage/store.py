@@ -23,7 +23,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from checkflow import knobs
 from checkflow.storage.atomic import write_file_atomic
-from checkflow.storage.direct import write_parts
+from checkflow.storage.direct import ReadBuffers, read_range, write_parts
 from checkflow.storage.errors import Failure, StorageError, access_message, classify_error
 from checkflow.storage.mapped import map_range
 from checkflow.storage.retry import call_with_retries
@@ -140,8 +140,19 @@ class Storage:
         write_file_atomic(target, write)
 
     # -- reads ---------------------------------------------------------------------------
-    def read(self, relpath: str, start: int = 0, end: int | None = None) -> bytearray:
+    def read(
+        self,
+        relpath: str,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        buffers: ReadBuffers | None = None,
+    ) -> bytearray:
         """Bytes ``[start, end)`` of an object (to its end when ``end`` is None).
+
+        A local chunk-sized range is mapped from the page cache; given ``buffers`` it is read
+        past the page cache into one of them instead (:func:`~checkflow.storage.direct.
+        read_range`): for bytes that only pass through the host on their way to a device.
 
         Raises:
             FileNotFoundError: the object does not exist.
@@ -153,10 +164,12 @@ class Storage:
         self.path(relpath)  # reject a bad name now, not after retries
         self.reads += 1
         return self._retry(
-            f"read {self.url(relpath)}", lambda: self._read_once(relpath, start, end)
+            f"read {self.url(relpath)}", lambda: self._read_once(relpath, start, end, buffers)
         )
 
-    def _read_once(self, relpath: str, start: int, end: int | None) -> bytearray:
+    def _read_once(
+        self, relpath: str, start: int, end: int | None, buffers: ReadBuffers | None
+    ) -> bytearray:
         target = self.path(relpath)
         if self.local:
             with open(target, "rb") as f:
@@ -165,6 +178,8 @@ class Storage:
                 if start > size or end > size:
                     raise self._truncated(relpath, start, end, size)
                 if ranged and end - start >= self.map_min_bytes:  # a chunk, not a manifest
+                    if buffers is not None:
+                        return read_range(f, start, end, buffers)  # type: ignore[return-value]
                     return map_range(f, start, end)  # type: ignore[return-value]
                 buf = bytearray(end - start)
                 f.seek(start)

@@ -18,7 +18,7 @@ import torch
 
 from checkflow import knobs
 from checkflow.codec.base import tensor_bytes
-from checkflow.storage import Storage, direct
+from checkflow.storage import Storage, StorageError, direct
 from checkflow.write.datafiles import DataFileWriter
 
 pytestmark = pytest.mark.skipif(not direct.direct_io_supported(), reason="no O_DIRECT here")
@@ -155,3 +155,69 @@ def test_data_files_line_large_chunks_up_with_their_buffers_and_count_no_padding
         assert bytes(back) == tensor_bytes(t).tobytes()
     assert bytes(storage.read(f"step-000000001/{small_at[0]}", small_at[1])) == small
     assert writer.total == sum(t.nbytes for t in tensors) + len(small)
+
+
+# -- reads past the page cache (a restore bound for a device) ---------------------------------
+
+
+def _file_of(tmp_path: os.PathLike, size: int) -> tuple[Storage, bytes]:
+    data = _parts([size], seed=3)[0]
+    with open(os.path.join(tmp_path, "data.chunks"), "wb") as f:
+        f.write(data)
+    storage = Storage(str(tmp_path))
+    storage.map_min_bytes = 1  # every ranged read is a chunk read
+    return storage, data
+
+
+def test_direct_reads_return_exactly_the_asked_range_across_block_edges(
+    tmp_path: os.PathLike,
+) -> None:
+    a = direct.ALIGN
+    storage, data = _file_of(tmp_path, 5 * a + 123)
+    buffers = direct.ReadBuffers()
+    ranges = [(0, a), (1, a - 1), (a - 1, 2 * a + 1), (7, 5 * a + 123), (3 * a, 5 * a + 123)]
+    for start, end in ranges:
+        got = storage.read("data.chunks", start, end, buffers=buffers)
+        assert bytes(got) == data[start:end], (start, end)
+
+
+def test_a_direct_read_past_the_end_of_the_file_is_a_truncation_error(
+    tmp_path: os.PathLike,
+) -> None:
+    storage, data = _file_of(tmp_path, 2 * direct.ALIGN + 5)
+    with pytest.raises(StorageError, match="truncated"):
+        storage.read("data.chunks", 10, len(data) + 1, buffers=direct.ReadBuffers())
+
+
+def test_a_refused_direct_read_falls_back_to_a_plain_read(
+    tmp_path: os.PathLike, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Offsets that are not a multiple of any device block size: the kernel answers EINVAL
+    # to the direct read, as a filesystem without O_DIRECT support would.
+    monkeypatch.setattr(direct, "ALIGN", direct.ALIGN + 100)
+    storage, data = _file_of(tmp_path, 3 * direct.ALIGN + 7)
+    path = os.path.join(tmp_path, "data.chunks")
+    try:
+        got = storage.read("data.chunks", 5, len(data) - 3, buffers=direct.ReadBuffers())
+        assert bytes(got) == data[5:-3]
+        assert direct._device(path) in direct._refused
+    finally:
+        direct._refused.discard(direct._device(path))
+
+
+def test_read_buffers_are_reused_only_once_nothing_refers_to_them() -> None:
+    buffers = direct.ReadBuffers()
+    first = buffers.take(1 << 20)
+    assert direct.buffer_address(first) % direct.ALIGN == 0
+    first[:] = b"\x00" * len(first)
+    held = torch.frombuffer(first[64:192], dtype=torch.float32).view(4, 8)  # a decoded tensor
+    del first
+    second = buffers.take(1 << 20)
+    assert buffers.allocated == 2  # the first is still held by the tensor over it
+    second[:] = b"\xff" * len(second)
+    assert torch.equal(held, torch.zeros(4, 8))  # and was not handed out again
+    del held, second
+    for _ in range(3):
+        again = buffers.take(1 << 19)  # either buffer fits; none is allocated
+        del again
+    assert buffers.allocated == 2
