@@ -58,10 +58,12 @@ def read_newest(
         ``(step, state_dicts)``, or None when no candidate could be read (with a warning
         when there were candidates).
     """
-    reader = CheckpointReader(storage, trust=trust)
     live = distributed.live_state(state)
+    # Bytes bound for XLA devices are read past the page cache (``Storage.read``).
+    reader = CheckpointReader(storage, trust=trust, direct=live.on_xla)
     in_ram = ram.steps() if ram is not None else set()
     tiers = tiers if tiers is not None else {}
+    failed: list[int] = []
 
     def read(candidate: int) -> dict[str, Any] | None:
         if ram is not None and candidate in in_ram:
@@ -69,6 +71,7 @@ def read_newest(
                 tiers[candidate] = "ram"
                 return ram.read(candidate, live, trust=trust)
             except RESTORE_ERRORS as e:
+                failed.append(candidate)
                 warnings.warn(
                     f"the RAM copy of step {candidate} in {ram.root} cannot be restored ({e}); "
                     f"reading step {candidate} from {storage.uri} instead",
@@ -78,6 +81,7 @@ def read_newest(
             tiers[candidate] = "storage"
             return distributed.read_state_dicts(reader, candidate, rank, live)
         except RESTORE_ERRORS as e:
+            failed.append(candidate)
             warnings.warn(
                 f"checkpoint step {candidate} in {storage.uri} cannot be restored ({e}); "
                 "falling back to the next older checkpoint",
@@ -87,10 +91,21 @@ def read_newest(
 
     found = distributed.restore_point(steps, read, sync)
     if found is None and steps:
-        warnings.warn(
-            f"no checkpoint in {storage.uri} could be restored; starting at 0", stacklevel=3
-        )
+        _nothing_restored(storage.uri, failed if live.xla_targets else [])
     return found
+
+
+def _nothing_restored(uri: str, landed: list[int]) -> None:
+    """Warn that training starts at 0; raise instead when failed reads of the steps
+    ``landed`` may have copied tensors into the live XLA state already (as they are read,
+    ``read_state_dicts``): starting at 0 would train on part of a checkpoint."""
+    if landed:
+        raise RuntimeError(
+            f"no checkpoint in {uri} could be restored, and reading step {landed[0]} may "
+            "already have copied some of its tensors into the live XLA model or optimizer; "
+            "create them anew before training from step 0"
+        )
+    warnings.warn(f"no checkpoint in {uri} could be restored; starting at 0", stacklevel=4)
 
 
 def tiered_candidates(storage: Storage, ram: RamCopies, step: int | None) -> list[int]:

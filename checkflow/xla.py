@@ -230,6 +230,18 @@ def _pad(data: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
+def land(live: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+    """``live`` (an XLA tensor) holding ``host``'s values: one host-to-device transfer into
+    the tensor training uses; returns ``live``.
+
+    torch_xla keeps ``host`` alive until its transfer is done, so the caller may drop it.
+    ``load_state_dict`` copying ``live`` into itself afterwards moves nothing.
+    """
+    with torch.no_grad():
+        live.copy_(host)
+    return live
+
+
 def _ordinal(device: Any) -> int:
     return int(str(device).rsplit(":", 1)[-1])
 

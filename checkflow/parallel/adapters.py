@@ -81,6 +81,7 @@ def live_state(state: Mapping[str, Any]) -> LiveState:
             if isinstance(obj, torch.nn.Module) or getattr(obj, "checkflow_global", False)
         },
         xla_layouts=live_xla_layouts(state),
+        xla_targets=live_xla_targets(state),
     )
 
 
@@ -120,6 +121,34 @@ def live_xla_layouts(state: Mapping[str, Any]) -> dict[str, xla.XlaLayout]:
         for index, p in enumerate(params):
             if (layout := xla.layout_of(p)) is not None:
                 out.setdefault(f"{name}.state.{index}", layout)
+    return out
+
+
+def live_xla_targets(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``{fqn: tensor}`` of the unsharded XLA tensors that a restore can copy into as it
+    reads: the parameters and buffers of modules, and the optimizer state that exists.
+
+    Copied into one by one, a restore's host memory is a few chunks instead of the whole
+    state, and holds it only until the transfer (as DCP and torch_xla's own restore do);
+    ``load_state_dict`` then finds the live tensors already holding their values.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, obj in state.items():
+        entries: Iterable[tuple[str, Any]]
+        if isinstance(obj, torch.nn.Module):
+            entries = obj.state_dict(keep_vars=True).items()
+        elif isinstance(obj, torch.optim.Optimizer):
+            params = [p for group in obj.param_groups for p in group["params"]]
+            entries = (
+                (f"state.{index}.{key}", value)
+                for index, p in enumerate(params)
+                for key, value in obj.state.get(p, {}).items()
+            )
+        else:
+            continue
+        for key, t in entries:
+            if isinstance(t, torch.Tensor) and xla.is_xla(t) and not xla.is_sharded(t):
+                out[f"{name}.{key}"] = t
     return out
 
 

@@ -66,6 +66,9 @@ class LiveState:
     """The state_dict keys of each module: a pipeline stage holds only some of them."""
     xla_layouts: dict[str, xla.XlaLayout] = field(default_factory=dict)
     """``{fqn: XlaLayout}`` of every SPMD-sharded XLA tensor, and of optimizer state to come."""
+    xla_targets: dict[str, torch.Tensor] = field(default_factory=dict)
+    """``{fqn: tensor}`` of the live unsharded XLA tensors that a restore copies into as it
+    reads them (``live_xla_targets``)."""
 
     def layout_for(self, fqn: str, shape: Iterable[int]) -> Layout | None:
         """How this rank holds tensor ``fqn`` of global ``shape``; None when whole."""
@@ -75,6 +78,21 @@ class LiveState:
         """How this process holds SPMD tensor ``fqn`` of global ``shape``; None when it
         is not one."""
         return _layout_for(self.xla_layouts, fqn, shape)
+
+    def xla_target_for(
+        self, fqn: str, shape: Iterable[int], dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """The live XLA tensor that tensor ``fqn`` is read into, when it has its shape and
+        dtype; None when it is read into host memory (then ``load_state_dict`` copies it)."""
+        t = self.xla_targets.get(fqn)
+        if t is None or list(t.shape) != list(shape) or t.dtype != dtype:
+            return None
+        return t
+
+    @property
+    def on_xla(self) -> bool:
+        """True when a restore lands tensors on XLA devices (their host copies are transient)."""
+        return bool(self.xla_targets or self.xla_layouts)
 
 
 def _layout_for(layouts: Mapping[str, Any], fqn: str, shape: Iterable[int]) -> Any:

@@ -38,6 +38,7 @@ from checkflow.read.errors import (
 from checkflow.read.plan import Part, ReadItem, plan_box
 from checkflow.state import iter_refs, unflatten
 from checkflow.storage import Storage, StorageError
+from checkflow.storage.direct import ReadBuffers
 from checkflow.types import Buffer
 
 log = logging.getLogger(__name__)
@@ -53,14 +54,22 @@ class CheckpointReader:
         storage: the checkpoint root.
         progress: called with the bytes of each read.
         trust: unpickle objects stored as pickles (runs code from the checkpoint).
+        direct: read local chunks past the page cache into reused buffers, not mapped
+            (``Storage.read``): for a restore whose tensors go on to a device.
     """
 
     def __init__(
-        self, storage: Storage, progress: Progress | None = None, *, trust: bool = False
+        self,
+        storage: Storage,
+        progress: Progress | None = None,
+        *,
+        trust: bool = False,
+        direct: bool = False,
     ) -> None:
         self.storage = storage
         self.progress = progress
         self.trust = trust
+        self.buffers = ReadBuffers() if direct else None
         self._globals: dict[int, mf.GlobalManifest] = {}
         self._ranks: dict[tuple[int, int], mf.RankManifest] = {}
         self._boxes: dict[tuple[int, int], dict[tuple[str, tuple[int, ...]], mf.ChunkEntry]] = {}
@@ -105,7 +114,7 @@ class CheckpointReader:
     ) -> Buffer:
         path = f"{mf.step_dir(step)}/{file}"
         try:
-            data = self.storage.read(path, offset, offset + nbytes)
+            data = self.storage.read(path, offset, offset + nbytes, buffers=self.buffers)
         except FileNotFoundError:
             raise CorruptCheckpointError(step, rank, fqn, file, "data file is missing") from None
         except StorageError as e:

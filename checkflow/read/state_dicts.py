@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from checkflow import tree, xla
+from checkflow.codec.base import dtype_from_name
 from checkflow.parallel.sharding import LiveState, layout_box, to_dtensor
 from checkflow.read.assemble import assemble
 from checkflow.read.plan import BoxPlan, Part, ReadItem, plan_box
@@ -47,10 +48,14 @@ Finish = Callable[[list[torch.Tensor]], Any]
 def _plan_tensor(
     step: int, fqn: str, parts: list[Part], live: LiveState
 ) -> tuple[list[BoxPlan], Finish]:
-    """What a rank reads of one tensor, and what it makes of it: the whole tensor; the box
-    of its DTensor shard (a DTensor); or, for an SPMD-sharded XLA tensor, the box of each
-    of this process's devices (an XLA tensor sharded alike, nothing else read)."""
+    """What a rank reads of one tensor, and what it makes of it: the whole tensor (copied
+    into its live XLA tensor at once, when it has one); the box of its DTensor shard (a
+    DTensor); or, for an SPMD-sharded XLA tensor, the box of each of this process's
+    devices (an XLA tensor sharded alike, nothing else read)."""
     shape = tuple(parts[0][1].global_shape)
+    target = live.xla_target_for(fqn, shape, dtype_from_name(parts[0][1].dtype))
+    if target is not None:
+        return [plan_box(step, parts)], lambda got: xla.land(target, got[0])
     on_xla = live.xla_layout_for(fqn, shape)
     if on_xla is not None:
         boxes = on_xla.read_boxes()
@@ -64,13 +69,23 @@ def _plan_tensor(
 
 
 def _read_plans(
-    reader: CheckpointReader, step: int, plans: Mapping[str, list[BoxPlan]]
-) -> dict[str, list[torch.Tensor]]:
-    """The boxes of ``plans``, read and assembled; a chunk that several boxes overlap (the
-    devices of one host on another mesh) is read and decoded once."""
+    reader: CheckpointReader,
+    step: int,
+    plans: Mapping[str, list[BoxPlan]],
+    finish: Mapping[str, Finish] | None = None,
+) -> dict[str, Any]:
+    """The boxes of ``plans``, read and assembled (each tensor's list of boxes handed to its
+    ``finish`` as soon as it is read, so a tensor that goes to a device leaves the host
+    before the next ones are read); a chunk that several boxes overlap (the devices of one
+    host on another mesh) is read and decoded once."""
     items = [it for boxes in plans.values() for plan in boxes for it in plan.items]
     decoded = _shared(items, lambda unique: reader.decode_parts(step, unique))
-    return {fqn: [assemble(plan, decoded) for plan in boxes] for fqn, boxes in plans.items()}
+    done = finish or {}
+    out: dict[str, Any] = {}
+    for fqn, boxes in plans.items():
+        got = [assemble(plan, decoded) for plan in boxes]
+        out[fqn] = done[fqn](got) if fqn in done else got
+    return out
 
 
 def _shared(
@@ -128,8 +143,7 @@ def read_state_dicts(
         if fqn not in index:
             raise KeyError(f"step {step} has no tensor {fqn!r}")
         plans[fqn], finish[fqn] = _plan_tensor(step, fqn, index[fqn], live)
-    got = _read_plans(reader, step, plans)
-    return unflatten(skeleton, {fqn: finish[fqn](boxes) for fqn, boxes in got.items()})
+    return unflatten(skeleton, _read_plans(reader, step, plans, finish))
 
 
 def read_xla_boxes(

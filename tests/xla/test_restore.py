@@ -150,3 +150,84 @@ def test_q8_incremental_chain_on_xla_restores_its_reconstruction_and_stays_close
     for name, w in live[step]["model"].items():
         err = (on_xla["model"][name] - w).abs().max().item()
         assert err <= w.abs().max().item() / 100, f"{name}: q8 error {err}"
+
+
+def _wide(device: Any, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Six 768 x 768 layers: every weight and moment (2.25 MiB) is a chunk-sized read."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(*(nn.Linear(768, 768) for _ in range(6))).to(device)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def _train_wide(model: nn.Module, opt: torch.optim.Optimizer, steps: int, device: Any) -> None:
+    import torch_xla
+
+    for step in range(steps):
+        x = torch.randn(8, 768, generator=torch.Generator().manual_seed(step)).to(device)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch_xla.sync()
+
+
+def test_a_restore_onto_xla_lands_each_tensor_in_place_through_a_few_reused_buffers(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Each tensor is copied into the live parameter or optimizer state as soon as it is
+    read, so the host holds a few chunks at a time, read past the page cache into buffers
+    that are reused once torch_xla's transfer out of them is done."""
+    import torch_xla
+
+    from checkflow.read import reader as reader_module
+
+    made: list[Any] = []
+
+    class Recorded(reader_module.ReadBuffers):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(reader_module, "ReadBuffers", Recorded)
+    xla = torch_xla.device()
+    model, opt = _wide(xla)
+    _train_wide(model, opt, 2, xla)
+    _save(tmp_path, model, opt)
+    saved = _on_cpu(model, opt)
+    _train_wide(model, opt, 1, xla)  # the live state moves on
+    live = [id(t) for t in model.parameters()]
+    live += [id(t) for s in opt.state.values() for t in s.values() if t.device.type == "xla"]
+
+    _restore(tmp_path, model, opt)
+    assert_bitwise_equal(saved, _on_cpu(model, opt))
+    after = [id(t) for t in model.parameters()]
+    after += [id(t) for s in opt.state.values() for t in s.values() if t.device.type == "xla"]
+    assert after == live  # the same tensors, refilled
+    (buffers,) = made
+    assert 1 <= buffers.allocated <= 8, buffers.allocated  # 18 chunks of 2.25 MiB were read
+    _train_wide(model, opt, 1, xla)  # and training goes on
+
+
+def test_a_failed_restore_that_already_refilled_xla_tensors_says_so(tmp_path: Path) -> None:
+    """A chunk found corrupt after others were copied into the live tensors leaves them
+    mixed; with no older checkpoint to fall back to, the restore fails instead of
+    training on from step 0 with part of a checkpoint in the model."""
+    import pytest
+    import torch_xla
+
+    from checkflow import manifest as mf
+    from checkflow.catalog import committed_steps
+
+    xla = torch_xla.device()
+    model, opt = _wide(xla)
+    _train_wide(model, opt, 1, xla)
+    _save(tmp_path, model, opt)
+    (step,) = committed_steps(Storage(str(tmp_path)))
+    chunks = CheckpointReader(Storage(str(tmp_path))).rank_manifests(step)[0].chunks
+    last = [c for c in chunks if c.fqn.startswith("optim.")][-1]  # read after the model
+    path = tmp_path / mf.step_dir(step) / last.file
+    data = bytearray(path.read_bytes())
+    data[last.byte_offset + 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(RuntimeError, match="create them anew"):
+        _restore(tmp_path, model, opt)
