@@ -5,13 +5,17 @@ the phases of checkflow's (``read_tiered``: read, verify, decode; ``load_into``:
 the device), the process's user and system CPU, and ``/proc/vmstat`` deltas (``pgpgin``:
 KiB read from the disk; refaults and reclaim: whether pages were read twice).
 
-``--read direct`` is the measured lead of issue 12: local chunks are read with
-``O_DIRECT`` into page-aligned buffers allocated and written once before the timed
-restore (enough for ``--pool-mib``), instead of mapped from the page cache; it prints how
-long touching those buffers took. A probe, not a proposal: nothing here is in checkflow.
+``--path mapped`` restores as checkflow did before 95f6bae, to compare in the same
+machine state: every chunk mapped from the page cache, the whole state on the host, then
+``load_state_dict``. The default (``landed``) is checkflow's own path: each tensor read with
+``O_DIRECT`` into reused buffers and copied into its live XLA tensor at once.
 
-    PJRT_DEVICE=CPU .venv-xla/bin/python benchmarks/xla_restore_phases.py --repeats 1
-    PJRT_DEVICE=CPU .venv-xla/bin/python benchmarks/xla_restore_phases.py --repeats 1 --read direct
+    PJRT_DEVICE=CPU .venv-xla/bin/python benchmarks/xla_restore_phases.py --repeats 3
+    PJRT_DEVICE=CPU .venv-xla/bin/python benchmarks/xla_restore_phases.py --repeats 3 --path mapped
+
+``--touch-mib N`` first times the first touch of N MiB of new anonymous memory (one write
+per page), three times, before each of checkflow's restores: how fast the process gets new
+pages at that moment (the mapped path's page-cache pages are new pages too).
 """
 
 from __future__ import annotations
@@ -21,18 +25,17 @@ import mmap
 import os
 import sys
 import time
-from typing import Any, BinaryIO
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import xla as bench  # noqa: E402
 
 import checkflow.checkpointer as checkpointer_module  # noqa: E402
-import checkflow.storage.store as store_module  # noqa: E402
+import checkflow.parallel.adapters as adapters  # noqa: E402
 from checkflow import resume  # noqa: E402
 
 VMSTAT = ("pgpgin", "pgmajfault", "workingset_refault_file", "pgsteal_kswapd", "pgsteal_direct")
 phases: dict[str, float] = {}
-pool: list[mmap.mmap] = []
 
 
 def timed_phase(name: str, fn: Any) -> Any:
@@ -52,41 +55,34 @@ def vmstat() -> dict[str, int]:
         return {k: int(v) for k, v in pairs if k in VMSTAT}
 
 
-def read_direct(f: BinaryIO, start: int, end: int) -> memoryview:
-    """``[start, end)`` of ``f``, by O_DIRECT into a pool buffer (a fresh one if none fits)."""
-    lo, hi = start - start % 4096, -(-end // 4096) * 4096
-    fit = next((i for i, b in enumerate(pool) if len(b) >= hi - lo), None)
-    buf = pool.pop(fit) if fit is not None else mmap.mmap(-1, hi - lo)
-    fd = os.open(f.name, os.O_RDONLY | os.O_DIRECT)
-    try:
-        os.preadv(fd, [memoryview(buf)[: hi - lo]], lo)
-    finally:
-        os.close(fd)
-    return memoryview(buf)[start - lo : end - lo]
+def first_touch(mib: int) -> str:
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with mmap.mmap(-1, mib << 20) as m:
+            for offset in range(0, len(m), mmap.PAGESIZE):
+                m[offset] = 1
+            times.append(time.perf_counter() - t0)
+    return ", ".join(f"{t:.3f} s" for t in times)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--read", choices=["mapped", "direct"], default="mapped")
-    p.add_argument("--pool-mib", type=int, default=1024)
+    p.add_argument("--path", choices=["landed", "mapped"], default="landed")
+    p.add_argument("--touch-mib", type=int, default=0)
     ours, rest = p.parse_known_args()
     resume.read_tiered = timed_phase("read_tiered", resume.read_tiered)
     checkpointer_module.load_into = timed_phase("load_into", checkpointer_module.load_into)
-    if ours.read == "direct":
-        store_module.map_range = read_direct  # type: ignore[assignment]
+    if ours.path == "mapped":
+        # No live XLA targets: nothing lands as it is read, and the reader maps.
+        adapters.live_xla_targets = lambda state: {}
     restore = bench.Run.restore
 
     def traced_restore(run: Any) -> None:
         if run.ckpt is None:
             return restore(run)
-        if ours.read == "direct":
-            pool.clear()
-            t0 = time.perf_counter()
-            for _ in range(ours.pool_mib // 16):
-                buf = mmap.mmap(-1, (16 << 20) + 8192)
-                buf.write(b"\x01" * len(buf))
-                pool.append(buf)
-            print(f"    pool of {ours.pool_mib} MiB touched in {time.perf_counter() - t0:.2f} s")
+        if ours.touch_mib:
+            print(f"    first touch of {ours.touch_mib} MiB: {first_touch(ours.touch_mib)}")
         phases.clear()
         v0, c0 = vmstat(), os.times()
         restore(run)
