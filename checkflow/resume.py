@@ -91,18 +91,18 @@ def read_newest(
 
     found = distributed.restore_point(steps, read, sync)
     if found is None and steps:
-        _nothing_restored(storage.uri, failed if live.xla_targets else [])
+        _nothing_restored(storage.uri, [s for s in failed if s in live.landed])
     return found
 
 
 def _nothing_restored(uri: str, landed: list[int]) -> None:
     """Warn that training starts at 0; raise instead when failed reads of the steps
-    ``landed`` may have copied tensors into the live XLA state already (as they are read,
-    ``read_state_dicts``): starting at 0 would train on part of a checkpoint."""
+    ``landed`` may have copied tensors into the live model or optimizer already (as they
+    are read, ``read_state_dicts``): starting at 0 would train on part of a checkpoint."""
     if landed:
         raise RuntimeError(
             f"no checkpoint in {uri} could be restored, and reading step {landed[0]} may "
-            "already have copied some of its tensors into the live XLA model or optimizer; "
+            "already have copied some of its tensors into the live model or optimizer; "
             "create them anew before training from step 0"
         )
     warnings.warn(f"no checkpoint in {uri} could be restored; starting at 0", stacklevel=4)

@@ -126,10 +126,16 @@ class NativeKernel:
             fn(_ptr(raw), _ptr(out), raw.nbytes // itemsize, itemsize)
         return out
 
-    def unshuffle_planes(self, planes: list[Any], numel: int, itemsize: int) -> torch.Tensor:
+    def unshuffle_planes(
+        self, planes: list[Any], numel: int, itemsize: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``numel`` elements of ``itemsize`` bytes from their byte planes (buffers of
-        ``numel`` bytes each, read-only ones too: they are only read), into a fresh tensor."""
-        out = fresh(numel * itemsize, torch.uint8)
+        ``numel`` bytes each, read-only ones too: they are only read), into ``out`` (a
+        contiguous tensor of ``numel * itemsize`` bytes) or a fresh uint8 tensor."""
+        if out is None:
+            out = fresh(numel * itemsize, torch.uint8)
+        elif not out.is_contiguous() or out.numel() * out.element_size() != numel * itemsize:
+            raise ValueError(f"out must be contiguous and hold {numel * itemsize} bytes")
         if numel:
             arrays = [np.frombuffer(p, dtype=np.uint8) for p in planes]
             pointers = (ctypes.c_void_p * itemsize)(*[a.ctypes.data for a in arrays])

@@ -68,6 +68,24 @@ class Codec(ABC):
     ) -> torch.Tensor:
         """Decode stored bytes to a tensor of ``dtype`` and ``shape`` (it may alias ``data``)."""
 
+    def decode_into(
+        self,
+        data: Buffer,
+        params: dict[str, Any],
+        out: torch.Tensor,
+        base: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Decode stored bytes into ``out`` (a contiguous tensor of the chunk's dtype and
+        shape, e.g. the live tensor a restore fills) and return it.
+
+        This default decodes, then copies; a codec that builds its output anyway overrides
+        it to build it in ``out`` and save the new memory and the copy.
+        """
+        decoded = self.decode(data, params, dtype=out.dtype, shape=tuple(out.shape), base=base)
+        with torch.no_grad():
+            out.copy_(decoded)
+        return out
+
 
 def delta_base(
     name: str, base: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, ...]

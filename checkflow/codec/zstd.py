@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -81,9 +82,46 @@ def _pack_plane(cctx: zstandard.ZstdCompressor, plane: memoryview) -> tuple[str,
     return ("zstd", packed) if len(packed) < plane.nbytes else ("raw", plane)
 
 
-def _unpack_planes(data: Buffer, layout: list[Any], plane_nbytes: int) -> list[Buffer]:
+_scratch = threading.local()
+"""Per read thread: the buffers its zstd planes are decompressed into, reused chunk after
+chunk (a fresh buffer per plane costs a page fault per 4 KiB, as much as decompressing)."""
+
+
+def _plane_buffer(index: int, nbytes: int) -> memoryview:
+    """This thread's reusable buffer for byte plane ``index``, ``nbytes`` long."""
+    buffers: dict[int, np.ndarray] = _scratch.__dict__.setdefault("planes", {})
+    buf = buffers.get(index)
+    if buf is None or buf.size < nbytes:
+        buf = buffers[index] = np.empty(nbytes, dtype=np.uint8)
+    view: Any = buf[:nbytes]
+    return memoryview(view).cast("B")
+
+
+def _decompress(frame: Buffer, nbytes: int, index: int, reuse: bool) -> memoryview:
+    """Plane ``index`` decompressed from ``frame``: into this thread's buffer for it when
+    ``reuse``, else new memory; it is ``nbytes`` long unless the frame is damaged (at most
+    ``nbytes + 1`` bytes are produced, so a plane that decodes too long is seen as such)."""
+    try:
+        if not reuse:
+            return memoryview(
+                zstandard.ZstdDecompressor().decompress(frame, max_output_size=nbytes + 1)
+            )
+        out = _plane_buffer(index, nbytes + 1)
+        reader = zstandard.ZstdDecompressor().stream_reader(frame)
+        filled = 0
+        while filled < out.nbytes and (got := reader.readinto(out[filled:])):
+            filled += got
+        return out[:filled]
+    except zstandard.ZstdError as e:
+        raise CodecError(f"zstd data is corrupt in plane {index}: {e}") from e
+
+
+def _unpack_planes(
+    data: Buffer, layout: list[Any], plane_nbytes: int, *, reuse: bool = False
+) -> list[Buffer]:
     """The byte planes stored back to back in ``data`` as ``layout`` says, raw planes as
-    views of ``data`` (no copy), zstd ones decompressed.
+    views of ``data`` (no copy), zstd ones decompressed: into this thread's plane buffers
+    when ``reuse`` (valid until its next call), else into new memory.
 
     Raises:
         CodecError: the layout does not describe ``data``, or a frame is corrupt.
@@ -102,12 +140,7 @@ def _unpack_planes(data: Buffer, layout: list[Any], plane_nbytes: int) -> list[B
                 f"zstd data ends after {view.nbytes} bytes, inside plane {len(planes)}"
             )
         if kind == "zstd":
-            try:
-                piece = memoryview(
-                    zstandard.ZstdDecompressor().decompress(piece, max_output_size=plane_nbytes)
-                )
-            except zstandard.ZstdError as e:
-                raise CodecError(f"zstd data is corrupt in plane {len(planes)}: {e}") from e
+            piece = _decompress(piece, plane_nbytes, len(planes), reuse)
         elif kind != "raw":
             raise CodecError(f"zstd plane {len(planes)} has unknown kind {kind!r:.20}")
         if piece.nbytes != plane_nbytes:
@@ -120,15 +153,22 @@ def _unpack_planes(data: Buffer, layout: list[Any], plane_nbytes: int) -> list[B
     return planes
 
 
-def interleave_planes(planes: list[Buffer], numel: int, itemsize: int) -> torch.Tensor:
-    """Elements rebuilt from their ``itemsize`` byte planes, into a fresh uint8 tensor."""
+def interleave_planes(
+    planes: list[Buffer], numel: int, itemsize: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Elements rebuilt from their ``itemsize`` byte planes, into ``out`` (contiguous, of
+    ``numel`` elements of ``itemsize`` bytes) or a fresh uint8 tensor; returns it."""
     kernel = _native.load()
     if kernel is not None:
-        return kernel.unshuffle_planes(planes, numel, itemsize)
-    out = np.empty((numel, itemsize), dtype=np.uint8)
+        return kernel.unshuffle_planes(planes, numel, itemsize, out)
+    rows = np.empty((numel, itemsize), dtype=np.uint8)
     for k, plane in enumerate(planes):
-        out[:, k] = np.frombuffer(plane, dtype=np.uint8)
-    return torch.from_numpy(out.reshape(-1))
+        rows[:, k] = np.frombuffer(plane, dtype=np.uint8)
+    flat = torch.from_numpy(rows.reshape(-1))
+    if out is None:
+        return flat
+    out.reshape(-1).view(torch.uint8).copy_(flat)
+    return out
 
 
 class ZstdCodec(Codec):
@@ -174,10 +214,31 @@ class ZstdCodec(Codec):
             raise CodecError(
                 f"zstd chunk of {dtype} lists {count!r:.20} byte planes, not {itemsize}"
             )
-        planes = _unpack_planes(data, layout, numel)
+        planes = _unpack_planes(data, layout, numel, reuse=itemsize > 1)
         if itemsize == 1:
             return tensor_from_bytes(planes[0], dtype, shape)
         return interleave_planes(planes, numel, itemsize).view(dtype).reshape(shape)
+
+    def decode_into(
+        self,
+        data: Buffer,
+        params: dict[str, Any],
+        out: torch.Tensor,
+        base: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The planes interleaved straight into ``out``: no new memory for the chunk."""
+        layout = params.get("planes")
+        itemsize = out.element_size()
+        if layout is None or itemsize == 1 or not isinstance(layout, list):
+            return super().decode_into(data, params, out, base)
+        if len(layout) != itemsize:
+            raise CodecError(
+                f"zstd chunk of {out.dtype} lists {len(layout)} byte planes, not {itemsize}"
+            )
+        planes = _unpack_planes(data, layout, out.numel(), reuse=True)
+        with torch.no_grad():
+            interleave_planes(planes, out.numel(), itemsize, out.detach())
+        return out
 
 
 def _decode_one_frame(

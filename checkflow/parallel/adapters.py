@@ -81,7 +81,7 @@ def live_state(state: Mapping[str, Any]) -> LiveState:
             if isinstance(obj, torch.nn.Module) or getattr(obj, "checkflow_global", False)
         },
         xla_layouts=live_xla_layouts(state),
-        xla_targets=live_xla_targets(state),
+        targets=live_targets(state),
     )
 
 
@@ -124,13 +124,16 @@ def live_xla_layouts(state: Mapping[str, Any]) -> dict[str, xla.XlaLayout]:
     return out
 
 
-def live_xla_targets(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """``{fqn: tensor}`` of the unsharded XLA tensors that a restore can copy into as it
-    reads: the parameters and buffers of modules, and the optimizer state that exists.
+def live_targets(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``{fqn: tensor}`` of the live tensors that a restore can copy into as it reads: the
+    parameters and buffers of modules, and the optimizer state that exists, when they are
+    whole (unsharded XLA tensors, contiguous CPU tensors; not DTensors, not CUDA).
 
-    Copied into one by one, a restore's host memory is a few chunks instead of the whole
-    state, and holds it only until the transfer (as DCP and torch_xla's own restore do);
-    ``load_state_dict`` then finds the live tensors already holding their values.
+    Filled one by one as chunks are read (on the read threads, for CPU tensors), a restore
+    needs no new memory for the state and leaves ``load_state_dict`` nothing to copy (DCP
+    and torch_xla's own restore load in place as well). On XLA the host memory is a few
+    chunks instead of the whole state; on CPU the restore skips touching a fresh page for
+    every byte of state, which cost more than decoding it (``benchmarks/restore.py``).
     """
     out: dict[str, torch.Tensor] = {}
     for name, obj in state.items():
@@ -147,9 +150,22 @@ def live_xla_targets(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         else:
             continue
         for key, t in entries:
-            if isinstance(t, torch.Tensor) and xla.is_xla(t) and not xla.is_sharded(t):
+            if isinstance(t, torch.Tensor) and _landable(t):
                 out[f"{name}.{key}"] = t
     return out
+
+
+def _landable(t: torch.Tensor) -> bool:
+    """Whether a restore may write ``t`` in place as it reads (``live_targets``)."""
+    if xla.is_xla(t):
+        return not xla.is_sharded(t)
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)  # not a DTensor or another subclass
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and t.is_contiguous()
+        and not t.is_inference()
+    )
 
 
 class ModelState:

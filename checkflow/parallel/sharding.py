@@ -66,9 +66,12 @@ class LiveState:
     """The state_dict keys of each module: a pipeline stage holds only some of them."""
     xla_layouts: dict[str, xla.XlaLayout] = field(default_factory=dict)
     """``{fqn: XlaLayout}`` of every SPMD-sharded XLA tensor, and of optimizer state to come."""
-    xla_targets: dict[str, torch.Tensor] = field(default_factory=dict)
-    """``{fqn: tensor}`` of the live unsharded XLA tensors that a restore copies into as it
-    reads them (``live_xla_targets``)."""
+    targets: dict[str, torch.Tensor] = field(default_factory=dict)
+    """``{fqn: tensor}`` of the live whole tensors (unsharded XLA ones, contiguous CPU ones)
+    that a restore copies into as it reads them (``live_targets``)."""
+    landed: set[int] = field(default_factory=set)
+    """Steps whose read began to copy into ``targets``: a failed read of one of them may
+    have left some of its values in the live tensors."""
 
     def layout_for(self, fqn: str, shape: Iterable[int]) -> Layout | None:
         """How this rank holds tensor ``fqn`` of global ``shape``; None when whole."""
@@ -79,15 +82,18 @@ class LiveState:
         is not one."""
         return _layout_for(self.xla_layouts, fqn, shape)
 
-    def xla_target_for(
-        self, fqn: str, shape: Iterable[int], dtype: torch.dtype
-    ) -> torch.Tensor | None:
-        """The live XLA tensor that tensor ``fqn`` is read into, when it has its shape and
-        dtype; None when it is read into host memory (then ``load_state_dict`` copies it)."""
-        t = self.xla_targets.get(fqn)
+    def target_for(self, fqn: str, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor | None:
+        """The live tensor that tensor ``fqn`` is read into, when it has its shape and
+        dtype; None when it is read into new memory (then ``load_state_dict`` copies it)."""
+        t = self.targets.get(fqn)
         if t is None or list(t.shape) != list(shape) or t.dtype != dtype:
             return None
         return t
+
+    @property
+    def xla_targets(self) -> bool:
+        """True when a restore copies tensors into live XLA tensors as it reads them."""
+        return any(xla.is_xla(t) for t in self.targets.values())
 
     @property
     def on_xla(self) -> bool:

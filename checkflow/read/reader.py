@@ -127,22 +127,26 @@ class CheckpointReader:
             self.progress(nbytes)
         return data
 
-    def chunk(self, step: int, rank: int, entry: mf.ChunkEntry) -> torch.Tensor:
-        """Decode one chunk, following its delta chain to the base."""
+    def chunk(
+        self, step: int, rank: int, entry: mf.ChunkEntry, into: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Decode one chunk, following its delta chain to the base: into ``into`` when
+        given (a contiguous tensor of the chunk's dtype and shape, which is returned),
+        else into new memory or a view of the bytes read."""
         data = self._read_checked(
             step, rank, entry.fqn, entry.file, entry.byte_offset, entry.nbytes, entry.checksum
         )
         base = None
         if entry.base_step is not None:
             base = self.chunk(entry.base_step, rank, self._base_entry(entry, rank))
+        codec = get_codec(entry.codec)
+        dtype, shape = dtype_from_name(entry.dtype), tuple(entry.shape)
         try:
-            return get_codec(entry.codec).decode(
-                data,
-                entry.params,
-                dtype=dtype_from_name(entry.dtype),
-                shape=tuple(entry.shape),
-                base=base,
-            )
+            if into is None:
+                return codec.decode(data, entry.params, dtype=dtype, shape=shape, base=base)
+            if into.dtype != dtype or tuple(into.shape) != shape:
+                raise CodecError(f"cannot decode a {shape} {dtype} chunk into {into.dtype}")
+            return codec.decode_into(data, entry.params, into, base)
         except (CodecError, ValueError, RuntimeError) as e:
             raise CorruptCheckpointError(
                 step, rank, entry.fqn, entry.file, f"cannot decode: {e}"
@@ -262,21 +266,34 @@ class CheckpointReader:
         decoded = self._prefetch(step, jobs)
         return {fqn: assemble(plan, decoded) for fqn, plan in plans.items()}
 
-    def decode_parts(self, step: int, items: Iterable[ReadItem]) -> Iterator[torch.Tensor]:
-        """The decoded chunk of each read item, in order, several decoded at once."""
-        return self._prefetch(step, [(item.rank, item.chunk) for item in items])
+    def decode_parts(
+        self,
+        step: int,
+        items: Iterable[ReadItem],
+        into: Iterable[torch.Tensor | None] | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """The decoded chunk of each read item, in order, several decoded at once; an item
+        with a tensor in ``into`` (same order) is decoded into it (``chunk``)."""
+        jobs = [(item.rank, item.chunk) for item in items]
+        return self._prefetch(step, jobs, list(into) if into is not None else None)
 
-    def _prefetch(self, step: int, jobs: list[tuple[int, mf.ChunkEntry]]) -> Iterator[torch.Tensor]:
+    def _prefetch(
+        self,
+        step: int,
+        jobs: list[tuple[int, mf.ChunkEntry]],
+        into: list[torch.Tensor | None] | None = None,
+    ) -> Iterator[torch.Tensor]:
         """Decoded chunks in ``jobs`` order; a few are read ahead on threads so that reads,
         checksums and decoding overlap (file reads and hashing release the GIL)."""
+        dest = into if into is not None else [None] * len(jobs)
         threads = knobs.read_threads()
         if threads <= 1 or len(jobs) <= 1:
-            yield from (self.chunk(step, rank, c) for rank, c in jobs)
+            yield from (self.chunk(step, r, c, t) for (r, c), t in zip(jobs, dest, strict=True))
             return
         with ThreadPoolExecutor(threads, thread_name_prefix="checkflow-read") as pool:
             ahead: deque[Future[torch.Tensor]] = deque()
-            for rank, c in jobs:
-                ahead.append(pool.submit(self.chunk, step, rank, c))
+            for (rank, c), target in zip(jobs, dest, strict=True):
+                ahead.append(pool.submit(self.chunk, step, rank, c, target))
                 if len(ahead) > threads:
                     yield ahead.popleft().result()
             while ahead:

@@ -18,7 +18,7 @@ import torch
 from checkflow import tree, xla
 from checkflow.codec.base import dtype_from_name
 from checkflow.parallel.sharding import LiveState, layout_box, to_dtensor
-from checkflow.read.assemble import assemble
+from checkflow.read.assemble import assemble, landing_spots
 from checkflow.read.plan import BoxPlan, Part, ReadItem, plan_box
 from checkflow.read.reader import CheckpointReader
 from checkflow.state import iter_refs, unflatten
@@ -45,27 +45,38 @@ Finish = Callable[[list[torch.Tensor]], Any]
 """Turns the boxes read for one tensor (in plan order) into the value restored."""
 
 
+def _keep(got: list[torch.Tensor]) -> torch.Tensor:
+    return got[0]
+
+
 def _plan_tensor(
     step: int, fqn: str, parts: list[Part], live: LiveState
-) -> tuple[list[BoxPlan], Finish]:
-    """What a rank reads of one tensor, and what it makes of it: the whole tensor (copied
-    into its live XLA tensor at once, when it has one); the box of its DTensor shard (a
-    DTensor); or, for an SPMD-sharded XLA tensor, the box of each of this process's
-    devices (an XLA tensor sharded alike, nothing else read)."""
+) -> tuple[list[BoxPlan], Finish, torch.Tensor | None]:
+    """What a rank reads of one tensor, what it makes of it, and the live tensor it is
+    read into: the whole tensor (read into its live CPU tensor, or copied into its live
+    XLA tensor at once, when it has one); the box of its DTensor shard (a DTensor); or, for
+    an SPMD-sharded XLA tensor, the box of each of this process's devices (an XLA tensor
+    sharded alike, nothing else read)."""
     shape = tuple(parts[0][1].global_shape)
-    target = live.xla_target_for(fqn, shape, dtype_from_name(parts[0][1].dtype))
+    target = live.target_for(fqn, shape, dtype_from_name(parts[0][1].dtype))
+    if target is not None and xla.is_xla(target):
+        return [plan_box(step, parts)], lambda got: xla.land(target, got[0]), None
     if target is not None:
-        return [plan_box(step, parts)], lambda got: xla.land(target, got[0])
+        return [plan_box(step, parts)], _keep, target
     on_xla = live.xla_layout_for(fqn, shape)
     if on_xla is not None:
         boxes = on_xla.read_boxes()
         plans = [plan_box(step, parts, offset, box) for offset, box in boxes]
-        return plans, lambda got: xla.place(on_xla, dict(zip(boxes, got, strict=True)))
+        return plans, lambda got: xla.place(on_xla, dict(zip(boxes, got, strict=True))), None
     layout = live.layout_for(fqn, shape)
     if layout is None:
-        return [plan_box(step, parts)], lambda got: got[0]
+        return [plan_box(step, parts)], _keep, None
     offset, box = layout_box(layout, shape)
-    return [plan_box(step, parts, offset, box)], lambda got: to_dtensor(got[0], layout, shape)
+    return (
+        [plan_box(step, parts, offset, box)],
+        lambda got: to_dtensor(got[0], layout, shape),
+        None,
+    )
 
 
 def _read_plans(
@@ -73,25 +84,39 @@ def _read_plans(
     step: int,
     plans: Mapping[str, list[BoxPlan]],
     finish: Mapping[str, Finish] | None = None,
+    into: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The boxes of ``plans``, read and assembled (each tensor's list of boxes handed to its
     ``finish`` as soon as it is read, so a tensor that goes to a device leaves the host
-    before the next ones are read); a chunk that several boxes overlap (the devices of one
-    host on another mesh) is read and decoded once."""
-    items = [it for boxes in plans.values() for plan in boxes for it in plan.items]
-    decoded = _shared(items, lambda unique: reader.decode_parts(step, unique))
-    done = finish or {}
-    out: dict[str, Any] = {}
+    before the next ones are read); a tensor in ``into`` (one box, the whole tensor) is
+    read into that tensor, each chunk decoded in its place by the read threads; a chunk
+    that several boxes overlap (the devices of one host on another mesh) is read and
+    decoded once."""
+    targets = into or {}
+    items: list[ReadItem] = []
+    spots: list[torch.Tensor | None] = []
     for fqn, boxes in plans.items():
-        got = [assemble(plan, decoded) for plan in boxes]
-        out[fqn] = done[fqn](got) if fqn in done else got
-    return out
+        for plan in boxes:
+            items.extend(plan.items)
+            out = targets.get(fqn)
+            spots.extend(landing_spots(plan, out) if out is not None else [None] * len(plan.items))
+    decoded = _shared(items, spots, lambda unique, dest: reader.decode_parts(step, unique, dest))
+    done = finish or {}
+    result: dict[str, Any] = {}
+    for fqn, boxes in plans.items():
+        got = [assemble(plan, decoded, targets.get(fqn)) for plan in boxes]
+        result[fqn] = done[fqn](got) if fqn in done else got
+    return result
+
+
+Decode = Callable[[list[ReadItem], list[torch.Tensor | None]], Iterator[torch.Tensor]]
 
 
 def _shared(
-    items: list[ReadItem], decode: Callable[[list[ReadItem]], Iterator[torch.Tensor]]
+    items: list[ReadItem], spots: list[torch.Tensor | None], decode: Decode
 ) -> Iterator[torch.Tensor]:
-    """The decoded chunk of each of ``items`` in order, each distinct chunk decoded once.
+    """The decoded chunk of each of ``items`` in order, each distinct chunk decoded once
+    (into its spot when it has one and no other item needs it).
 
     Every chunk goes into one stream, so that the reader decodes several at once on its
     threads (reads, checksums and decoders release the GIL). A chunk is kept only until
@@ -99,10 +124,10 @@ def _shared(
     """
     keys = [(it.rank, it.chunk.file, it.chunk.byte_offset) for it in items]
     uses = Counter(keys)
-    first: dict[tuple[int, str, int], ReadItem] = {}
-    for key, item in zip(keys, items, strict=True):
-        first.setdefault(key, item)
-    stream = decode(list(first.values()))
+    first: dict[tuple[int, str, int], tuple[ReadItem, torch.Tensor | None]] = {}
+    for key, item, spot in zip(keys, items, spots, strict=True):
+        first.setdefault(key, (item, spot if uses[key] == 1 else None))
+    stream = decode([item for item, _ in first.values()], [spot for _, spot in first.values()])
     held: dict[tuple[int, str, int], torch.Tensor] = {}
     for key in keys:
         if key not in held:
@@ -139,11 +164,17 @@ def read_state_dicts(
     index = reader.chunk_index(step)
     plans: dict[str, list[BoxPlan]] = {}
     finish: dict[str, Finish] = {}
+    into: dict[str, torch.Tensor] = {}
     for fqn in iter_refs(skeleton):
         if fqn not in index:
             raise KeyError(f"step {step} has no tensor {fqn!r}")
-        plans[fqn], finish[fqn] = _plan_tensor(step, fqn, index[fqn], live)
-    return unflatten(skeleton, _read_plans(reader, step, plans, finish))
+        plans[fqn], finish[fqn], target = _plan_tensor(step, fqn, index[fqn], live)
+        if target is not None:
+            into[fqn] = target
+        first = index[fqn][0][1]
+        if live.target_for(fqn, first.global_shape, dtype_from_name(first.dtype)) is not None:
+            live.landed.add(step)  # from here on, a failed read may leave live tensors mixed
+    return unflatten(skeleton, _read_plans(reader, step, plans, finish, into))
 
 
 def read_xla_boxes(

@@ -132,3 +132,52 @@ def test_compiled_unshuffle_of_odd_and_wide_items_gives_numpy_s_bytes(itemsize, 
     compiled = bytes(unshuffle_bytes(shuffled, itemsize))
     monkeypatch.setattr(_native, "load", lambda: None)
     assert compiled == bytes(unshuffle_bytes(shuffled, itemsize))
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_into_fills_the_given_tensor_bitwise(dtype, compiled, monkeypatch):
+    """A restore decodes straight into the live tensor: the same bits, in that memory."""
+    if compiled and _native.load() is None:
+        pytest.fail("the C kernel does not build here; the compiled path cannot be checked")
+    if not compiled:
+        monkeypatch.setattr(_native, "load", lambda: None)
+    x = _trained_like(600_000) if dtype == torch.float32 else _tensor(dtype, (300, 700))
+    data, params = _planes(x)
+    live = torch.nn.Parameter(torch.zeros_like(x), requires_grad=dtype.is_floating_point)
+    got = ZstdCodec().decode_into(data, params, live)
+    assert got is live
+    assert torch.equal(live.detach().view(torch.uint8), x.view(torch.uint8))
+
+
+def test_decode_into_reuses_one_plane_buffer_per_thread_and_stays_exact():
+    """Planes decompress into a buffer reused chunk after chunk; chunks of other sizes and
+    dtypes in between never see each other's bytes."""
+    chunks = [_trained_like(600_000), _tensor(torch.bfloat16, (300, 700)), _trained_like(5_000)]
+    for x in chunks * 2:
+        data, params = _planes(x)
+        out = torch.empty_like(x)
+        ZstdCodec().decode_into(data, params, out)
+        assert torch.equal(out.view(torch.uint8), x.view(torch.uint8))
+
+
+@pytest.mark.parametrize("into", [False, True], ids=["decode", "decode_into"])
+def test_a_plane_frame_of_the_wrong_length_is_a_codec_error(into):
+    """A zstd frame that decodes to more or fewer bytes than its plane holds is named."""
+    import zstandard
+
+    x = _trained_like(600_000)
+    data, params = _planes(x)
+    kind, nbytes = params["planes"][3]
+    assert kind == "zstd"
+    for wrong in (x.numel() - 1, x.numel() + 7):
+        frame = zstandard.ZstdCompressor(level=1).compress(b"\x3f" * wrong)
+        bad = data[: len(data) - nbytes] + frame
+        layout = [*params["planes"][:3], ["zstd", len(frame)]]
+        with pytest.raises(CodecError, match="plane 3 holds"):
+            if into:
+                ZstdCodec().decode_into(bad, {**params, "planes": layout}, torch.empty_like(x))
+            else:
+                ZstdCodec().decode(
+                    bad, {**params, "planes": layout}, dtype=x.dtype, shape=(x.numel(),)
+                )
