@@ -112,7 +112,7 @@ class NativeKernel:
             fn.argtypes = [_P, _P, _I64, _I64]
             fn.restype = None
         self._unshuffle_planes = lib.unshuffle_planes
-        self._unshuffle_planes.argtypes = [_P, _P, _I64, _I64]
+        self._unshuffle_planes.argtypes = [_P, _P, _I64, _I64, _INT]
         self._unshuffle_planes.restype = None
 
     def shuffle(
@@ -131,7 +131,9 @@ class NativeKernel:
     ) -> torch.Tensor:
         """``numel`` elements of ``itemsize`` bytes from their byte planes (buffers of
         ``numel`` bytes each, read-only ones too: they are only read), into ``out`` (a
-        contiguous tensor of ``numel * itemsize`` bytes) or a fresh uint8 tensor."""
+        contiguous tensor of ``numel * itemsize`` bytes, written past the cache: a live
+        tensor filled by a restore) or a fresh uint8 tensor."""
+        stream = out is not None
         if out is None:
             out = fresh(numel * itemsize, torch.uint8)
         elif not out.is_contiguous() or out.numel() * out.element_size() != numel * itemsize:
@@ -139,7 +141,7 @@ class NativeKernel:
         if numel:
             arrays = [np.frombuffer(p, dtype=np.uint8) for p in planes]
             pointers = (ctypes.c_void_p * itemsize)(*[a.ctypes.data for a in arrays])
-            self._unshuffle_planes(pointers, _ptr(out), numel, itemsize)
+            self._unshuffle_planes(pointers, _ptr(out), numel, itemsize, int(stream))
         return out
 
     def supports(self, dtype: torch.dtype) -> bool:

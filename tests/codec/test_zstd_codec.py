@@ -181,3 +181,21 @@ def test_a_plane_frame_of_the_wrong_length_is_a_codec_error(into):
                 ZstdCodec().decode(
                     bad, {**params, "planes": layout}, dtype=x.dtype, shape=(x.numel(),)
                 )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shift", [0, 1, 3])
+def test_decode_into_a_misaligned_slice_of_a_live_tensor_is_bitwise(dtype, shift):
+    """Large chunks are written past the cache in 16-byte stores: a chunk whose place in
+    the live tensor starts at any element (a later chunk of a tensor) and ends anywhere
+    is filled exactly, its neighbours untouched."""
+    if _native.load() is None:
+        pytest.fail("the C kernel does not build here; the compiled path cannot be checked")
+    n = 700_001  # > 1 MiB of output for both dtypes, not a multiple of 16
+    x = _trained_like(n).to(dtype)
+    data, params = _planes(x)
+    live = torch.full((n + 8,), 7.0, dtype=dtype)
+    ZstdCodec().decode_into(data, params, live[shift : shift + n])
+    assert torch.equal(live[shift : shift + n].view(torch.uint8), x.view(torch.uint8))
+    outside = torch.cat([live[:shift], live[shift + n :]])
+    assert torch.equal(outside, torch.full_like(outside, 7.0))

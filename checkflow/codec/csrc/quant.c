@@ -14,6 +14,9 @@
 #include <string.h>
 #include <stdlib.h>
 #include <math.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 enum { LINEAR = 1, LOG = 2, RAW = 3, LOG16 = 4 };
 
@@ -178,24 +181,89 @@ void shuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
     }
 }
 
+/* Element i of 4-byte (2-byte) items from byte i of each plane: the scalar form, for the
+   ends that the vector loop leaves and for CPUs without SSE2. */
+static inline void join4(const uint8_t *const *p, uint8_t *out, int64_t i) {
+    uint32_t v = (uint32_t)p[0][i] | ((uint32_t)p[1][i] << 8) | ((uint32_t)p[2][i] << 16)
+                 | ((uint32_t)p[3][i] << 24);
+    memcpy(out + 4 * i, &v, 4);
+}
+static inline void join2(const uint8_t *const *p, uint8_t *out, int64_t i) {
+    uint16_t v = (uint16_t)(p[0][i] | (p[1][i] << 8));
+    memcpy(out + 2 * i, &v, 2);
+}
+
+/* With stream set, outputs this large are written with non-temporal stores: a restore's
+   chunk going into a live tensor is not read back soon, so skipping the cache's
+   read-for-ownership halves the time (48 -> 22 ms for 288 MiB of fp32 on one core). Into
+   fresh memory they are slower (each page fault has just brought the page into cache). */
+#define STREAM_BYTES (1 << 20)
+
+#if defined(__SSE2__)
+static void join4_sse2(const uint8_t *const *p, uint8_t *out, int64_t n, int stream) {
+    stream = stream && 4 * n >= STREAM_BYTES;
+    int64_t k = 0;
+    if (stream)
+        while (k < n && ((uintptr_t)(out + 4 * k) & 15)) join4(p, out, k++);
+    for (; k + 16 <= n; k += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(p[0] + k));
+        __m128i b = _mm_loadu_si128((const __m128i *)(p[1] + k));
+        __m128i c = _mm_loadu_si128((const __m128i *)(p[2] + k));
+        __m128i d = _mm_loadu_si128((const __m128i *)(p[3] + k));
+        __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+        __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
+        __m128i r[4] = {_mm_unpacklo_epi16(ab0, cd0), _mm_unpackhi_epi16(ab0, cd0),
+                        _mm_unpacklo_epi16(ab1, cd1), _mm_unpackhi_epi16(ab1, cd1)};
+        __m128i *o = (__m128i *)(out + 4 * k);
+        for (int j = 0; j < 4; j++) {
+            if (stream) _mm_stream_si128(o + j, r[j]);
+            else _mm_storeu_si128(o + j, r[j]);
+        }
+    }
+    if (stream) _mm_sfence();
+    for (; k < n; k++) join4(p, out, k);
+}
+
+static void join2_sse2(const uint8_t *const *p, uint8_t *out, int64_t n, int stream) {
+    stream = stream && 2 * n >= STREAM_BYTES;
+    int64_t k = 0;
+    if (stream)
+        while (k < n && ((uintptr_t)(out + 2 * k) & 15)) join2(p, out, k++);
+    for (; k + 16 <= n; k += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(p[0] + k));
+        __m128i b = _mm_loadu_si128((const __m128i *)(p[1] + k));
+        __m128i r[2] = {_mm_unpacklo_epi8(a, b), _mm_unpackhi_epi8(a, b)};
+        __m128i *o = (__m128i *)(out + 2 * k);
+        for (int j = 0; j < 2; j++) {
+            if (stream) _mm_stream_si128(o + j, r[j]);
+            else _mm_storeu_si128(o + j, r[j]);
+        }
+    }
+    if (stream) _mm_sfence();
+    for (; k < n; k++) join2(p, out, k);
+}
+#endif
+
 /* Un-shuffle from es planes of n bytes each that may lie anywhere (raw planes in a mapped
    file, a decompressed one in its own buffer), so no plane is first copied next to the others. */
-void unshuffle_planes(const uint8_t *const *planes, uint8_t *out, int64_t n, int64_t es) {
+void unshuffle_planes(const uint8_t *const *planes, uint8_t *out, int64_t n, int64_t es,
+                      int stream) {
     if (es == 4) {
-        const uint8_t *p0 = planes[0], *p1 = planes[1], *p2 = planes[2], *p3 = planes[3];
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t v = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16)
-                         | ((uint32_t)p3[i] << 24);
-            memcpy(out + 4 * i, &v, 4);
-        }
+#if defined(__SSE2__)
+        join4_sse2(planes, out, n, stream);
+#else
+        (void)stream;
+        for (int64_t i = 0; i < n; i++) join4(planes, out, i);
+#endif
         return;
     }
     if (es == 2) {
-        const uint8_t *p0 = planes[0], *p1 = planes[1];
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t v = (uint16_t)(p0[i] | (p1[i] << 8));
-            memcpy(out + 2 * i, &v, 2);
-        }
+#if defined(__SSE2__)
+        join2_sse2(planes, out, n, stream);
+#else
+        (void)stream;
+        for (int64_t i = 0; i < n; i++) join2(planes, out, i);
+#endif
         return;
     }
     for (int64_t i0 = 0; i0 < n; i0 += 4096) {
@@ -211,7 +279,7 @@ void unshuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
     const uint8_t *planes[16];  /* torch's widest element (complex128) is 16 bytes */
     if (es <= 16) {
         for (int64_t k = 0; k < es; k++) planes[k] = in + k * n;
-        unshuffle_planes(planes, out, n, es);
+        unshuffle_planes(planes, out, n, es, 0);
         return;
     }
     for (int64_t i = 0; i < n; i++)
