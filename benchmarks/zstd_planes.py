@@ -5,7 +5,8 @@ A ``Linear(2048, 2048)`` + AdamW trained 3 steps (16 MiB per tensor, as one chun
 size after zstd level 1, the time to decompress the compressible (exponent) plane at
 levels -10 to 9, and the time to encode the tensor as one zstd frame of all planes (the
 codec before byte planes were stored apart) against ``ZstdCodec().encode`` now. Medians of
-``--repeats`` on one thread.
+``--repeats`` on one thread; and the exponent plane as the codec stores it now (4-bit
+codes two per byte, then zstd: ``checkflow/codec/nibbles.py``), its size and decode time.
 
     .venv/bin/python benchmarks/zstd_planes.py
 """
@@ -23,6 +24,8 @@ import zstandard
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import median_time  # noqa: E402
 
+from checkflow.codec import nibbles  # noqa: E402
+from checkflow.codec.base import Encoded  # noqa: E402
 from checkflow.codec.zstd import ZstdCodec, shuffle_bytes  # noqa: E402
 
 LEVELS = (-10, -3, 1, 3, 9)
@@ -77,12 +80,36 @@ def main() -> None:
                 f"  exponent plane, level {level:3d}: {len(frame) / n:.1%}, "
                 f"decompress {t * 1e3:.2f} ms per {n >> 20} MiB"
             )
+        _print_nibbles(ZstdCodec().encode(x)[0], n, reps)
         one_frame = median_time(lambda x=x, c=c1: encode_one_frame(x, c), reps)
         planes_now = median_time(lambda x=x: ZstdCodec().encode(x), reps)
         print(
             f"  encode: one frame of all planes {one_frame * 1e3:.1f} ms, "
             f"ZstdCodec now {planes_now * 1e3:.1f} ms"
         )
+
+
+def _print_nibbles(enc: Encoded, n: int, reps: int) -> None:
+    """What the codec stores now for the exponent plane (4-bit codes, then zstd), and what
+    decoding it costs, to compare with the plain plane's lines above."""
+    entry = enc.params["planes"][3]
+    if entry[0] != "nib4":
+        print(f"  exponent plane as stored now: {entry[0]}")
+        return
+    data = b"".join(bytes(memoryview(b)) for b in enc.data)
+    stored = memoryview(data)[sum(e[1] for e in enc.params["planes"][:3]) :]
+    out = np.empty(n, dtype=np.uint8)
+
+    def decode() -> None:
+        codes = zstandard.ZstdDecompressor().decompress(stored[: entry[3]])
+        at = entry[3] + 4 * entry[4]
+        nibbles.unpack(entry[2], codes, stored[entry[3] : at], stored[at:], out)
+
+    t = median_time(decode, reps)
+    print(
+        f"  exponent plane as stored now (4-bit codes, level 1): {entry[1] / n:.1%} "
+        f"({entry[4]} escapes), decode {t * 1e3:.2f} ms per {n >> 20} MiB"
+    )
 
 
 if __name__ == "__main__":

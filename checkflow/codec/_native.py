@@ -114,6 +114,12 @@ class NativeKernel:
         self._unshuffle_planes = lib.unshuffle_planes
         self._unshuffle_planes.argtypes = [_P, _P, _I64, _I64, _INT]
         self._unshuffle_planes.restype = None
+        self._nib4_pack = lib.nib4_pack
+        self._nib4_pack.argtypes = [_P, _I64, _P, _P, _P, _P, _I64]
+        self._nib4_pack.restype = _I64
+        self._nib4_unpack = lib.nib4_unpack
+        self._nib4_unpack.argtypes = [_P, _I64, _P, _P]
+        self._nib4_unpack.restype = None
 
     def shuffle(
         self, raw: torch.Tensor | np.ndarray, itemsize: int, inverse: bool = False
@@ -143,6 +149,28 @@ class NativeKernel:
             pointers = (ctypes.c_void_p * itemsize)(*[a.ctypes.data for a in arrays])
             self._unshuffle_planes(pointers, _ptr(out), numel, itemsize, int(stream))
         return out
+
+    def nib4_pack(
+        self, plane: np.ndarray, code: np.ndarray, max_escapes: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``plane`` (uint8) as 4-bit codes two per byte, and its escapes (positions, values);
+        None when it has more than ``max_escapes`` (see ``csrc/quant.c``)."""
+        n = plane.size
+        packed = np.empty((n + 1) // 2, dtype=np.uint8)
+        positions = np.empty(max_escapes, dtype=np.uint32)
+        values = np.empty(max_escapes, dtype=np.uint8)
+        count = self._nib4_pack(
+            _ptr(plane), n, _ptr(code), _ptr(packed), _ptr(positions), _ptr(values), max_escapes
+        )
+        return None if count < 0 else (packed, positions[:count], values[:count])
+
+    def nib4_unpack(self, packed: Any, n: int, value: np.ndarray, plane: np.ndarray) -> None:
+        """The ``n`` bytes coded in ``packed`` (a buffer), into ``plane``; escapes are left
+        holding ``value[15]``."""
+        src = np.frombuffer(packed, dtype=np.uint8)
+        if src.size != (n + 1) // 2 or plane.size < n:
+            raise ValueError(f"{src.size} packed bytes do not hold {n} codes")
+        self._nib4_unpack(_ptr(src), n, _ptr(value), _ptr(plane))
 
     def supports(self, dtype: torch.dtype) -> bool:
         return _SUFFIX.get(dtype) in self._enc

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import zstandard
 
-from checkflow.codec import _native
+from checkflow.codec import _native, nibbles
 from checkflow.codec.base import (
     Buffer,
     Codec,
@@ -70,16 +70,36 @@ float mantissas are noise, and compressing them saves a few percent for a full p
 zstd on both sides (measured on trained fp32 weights and AdamW moments: 3 of 4 planes)."""
 
 
-def _pack_plane(cctx: zstandard.ZstdCompressor, plane: memoryview) -> tuple[str, Buffer]:
-    """One byte plane as stored: ``("zstd", frame)`` when that is smaller, else raw."""
+def _pack_plane(
+    cctx: zstandard.ZstdCompressor, plane: memoryview
+) -> tuple[list[Any], list[Buffer]]:
+    """One byte plane as stored: its layout entry and bytes. A plane of few values (a float
+    exponent plane) is ``["nib4", nbytes, values, frame_nbytes, escapes]``: zstd over its
+    4-bit codes, then the escapes' positions (uint32) and values (:mod:`.nibbles`); other
+    compressible ones ``["zstd", nbytes]``, one frame; the rest ``["raw", nbytes]``."""
     if plane.nbytes == 0:
-        return "raw", plane
+        return ["raw", 0], [plane]
     if plane.nbytes > SAMPLE_BYTES:
         sample = cctx.compress(plane[:SAMPLE_BYTES])
         if len(sample) > RAW_RATIO * SAMPLE_BYTES:
-            return "raw", plane
+            return ["raw", plane.nbytes], [plane]
+    array: Any = np.frombuffer(plane, dtype=np.uint8)
+    coded = nibbles.pack(array, array[:SAMPLE_BYTES])
+    if coded is not None:
+        codes: Any = coded.codes  # numpy arrays export the buffer protocol
+        frame = cctx.compress(codes)
+        parts: list[Buffer] = [
+            frame,
+            coded.positions.astype("<u4").tobytes(),
+            coded.escaped.tobytes(),
+        ]
+        nbytes = sum(memoryview(b).nbytes for b in parts)
+        if nbytes < plane.nbytes:
+            return ["nib4", nbytes, coded.values, len(frame), int(coded.positions.size)], parts
     packed = cctx.compress(plane)
-    return ("zstd", packed) if len(packed) < plane.nbytes else ("raw", plane)
+    if len(packed) < plane.nbytes:
+        return ["zstd", len(packed)], [packed]
+    return ["raw", plane.nbytes], [plane]
 
 
 _scratch = threading.local()
@@ -97,7 +117,9 @@ def _plane_buffer(index: int, nbytes: int) -> memoryview:
     return memoryview(view).cast("B")
 
 
-def _decompress(frame: Buffer, nbytes: int, index: int, reuse: bool) -> memoryview:
+def _decompress(
+    frame: Buffer, nbytes: int, index: int, reuse: bool, slot: int | None = None
+) -> memoryview:
     """Plane ``index`` decompressed from ``frame``: into this thread's buffer for it when
     ``reuse``, else new memory; it is ``nbytes`` long unless the frame is damaged (at most
     ``nbytes + 1`` bytes are produced, so a plane that decodes too long is seen as such)."""
@@ -106,7 +128,7 @@ def _decompress(frame: Buffer, nbytes: int, index: int, reuse: bool) -> memoryvi
             return memoryview(
                 zstandard.ZstdDecompressor().decompress(frame, max_output_size=nbytes + 1)
             )
-        out = _plane_buffer(index, nbytes + 1)
+        out = _plane_buffer(index if slot is None else slot, nbytes + 1)
         reader = zstandard.ZstdDecompressor().stream_reader(frame)
         filled = 0
         while filled < out.nbytes and (got := reader.readinto(out[filled:])):
@@ -114,6 +136,27 @@ def _decompress(frame: Buffer, nbytes: int, index: int, reuse: bool) -> memoryvi
         return out[:filled]
     except zstandard.ZstdError as e:
         raise CodecError(f"zstd data is corrupt in plane {index}: {e}") from e
+
+
+def _decode_nibbles(
+    stored: memoryview, entry: list[Any], nbytes: int, index: int, reuse: bool
+) -> memoryview:
+    """Plane ``index`` from its ``nib4`` parts (``_pack_plane``): the codes decompressed,
+    expanded through their values, the escapes put back."""
+    if not (len(entry) == 5 and isinstance(entry[3], int) and isinstance(entry[4], int)):
+        raise CodecError(f"zstd plane {index} is described as {entry!r:.60}")
+    frame_nbytes, escapes = entry[3], entry[4]
+    if frame_nbytes < 0 or escapes < 0 or frame_nbytes + 5 * escapes != stored.nbytes:
+        raise CodecError(
+            f"zstd plane {index}: {entry!r:.60} does not add up to {stored.nbytes} bytes"
+        )
+    codes = _decompress(stored[:frame_nbytes], (nbytes + 1) // 2, index, reuse, slot=16 + index)
+    out: Any = _plane_buffer(index, nbytes) if reuse else memoryview(bytearray(nbytes))
+    at = frame_nbytes + 4 * escapes
+    nibbles.unpack(
+        entry[2], codes, stored[frame_nbytes:at], stored[at:], np.frombuffer(out, dtype=np.uint8)
+    )
+    return memoryview(out)
 
 
 def _unpack_planes(
@@ -130,9 +173,9 @@ def _unpack_planes(
     planes: list[Buffer] = []
     pos = 0
     for entry in layout:
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], int)):
+        if not (isinstance(entry, list) and len(entry) >= 2 and isinstance(entry[1], int)):
             raise CodecError(f"zstd plane {len(planes)} is described as {entry!r:.40}")
-        kind, nbytes = entry
+        kind, nbytes = entry[0], entry[1]
         piece = view[pos : pos + nbytes]
         pos += nbytes
         if piece.nbytes != nbytes:
@@ -141,6 +184,8 @@ def _unpack_planes(
             )
         if kind == "zstd":
             piece = _decompress(piece, plane_nbytes, len(planes), reuse)
+        elif kind == "nib4":
+            piece = _decode_nibbles(piece, entry, plane_nbytes, len(planes), reuse)
         elif kind != "raw":
             raise CodecError(f"zstd plane {len(planes)} has unknown kind {kind!r:.20}")
         if piece.nbytes != plane_nbytes:
@@ -189,9 +234,8 @@ class ZstdCodec(Codec):
         n = shuffled.nbytes // itemsize
         cctx = zstandard.ZstdCompressor(level=self.level)
         packed = [_pack_plane(cctx, shuffled[k * n : (k + 1) * n]) for k in range(itemsize)]
-        layout = [[kind, memoryview(data).nbytes] for kind, data in packed]
-        params = {"level": self.level, "shuffle": itemsize, "planes": layout}
-        return Encoded([data for _, data in packed], params), None
+        params = {"level": self.level, "shuffle": itemsize, "planes": [e for e, _ in packed]}
+        return Encoded([b for _, parts in packed for b in parts], params), None
 
     def decode(
         self,

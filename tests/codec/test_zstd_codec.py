@@ -58,14 +58,14 @@ def _trained_like(numel: int) -> torch.Tensor:
     return torch.randn(numel, generator=torch.Generator().manual_seed(2)) * 0.02
 
 
-def test_noise_planes_are_stored_raw_and_the_exponent_plane_compressed():
+def test_noise_planes_are_stored_raw_and_the_exponent_plane_as_4_bit_codes():
     x = _trained_like(600_000)  # planes of 600 kB: larger than the sample that decides
     enc, _ = ZstdCodec().encode(x)
-    kinds = [kind for kind, _ in enc.params["planes"]]
-    assert kinds == ["raw", "raw", "raw", "zstd"]
-    sizes = [nbytes for _, nbytes in enc.params["planes"]]
+    kinds = [entry[0] for entry in enc.params["planes"]]
+    assert kinds == ["raw", "raw", "raw", "nib4"]
+    sizes = [entry[1] for entry in enc.params["planes"]]
     assert sizes[:3] == [x.numel()] * 3 and sizes[3] < x.numel() // 2
-    assert [memoryview(p).nbytes for p in enc.data] == sizes
+    assert sum(memoryview(p).nbytes for p in enc.data) == sum(sizes)
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
@@ -101,7 +101,7 @@ def _planes(x: torch.Tensor) -> tuple[bytes, dict]:
         (lambda d, p: (d[:-10], p), "ends after"),
         (lambda d, p: (d + b"\x00", p), "its planes"),
         (lambda d, p: (d, {**p, "planes": p["planes"][:3]}), "lists 3 byte planes, not 4"),
-        (lambda d, p: (d, {**p, "planes": [["lz4", n] for _, n in p["planes"]]}), "unknown kind"),
+        (lambda d, p: (d, {**p, "planes": [["lz4", e[1]] for e in p["planes"]]}), "unknown kind"),
         (
             lambda d, p: (d[: -p["planes"][3][1]] + b"\xff" * p["planes"][3][1], p),
             "corrupt in plane 3",
@@ -168,8 +168,8 @@ def test_a_plane_frame_of_the_wrong_length_is_a_codec_error(into):
 
     x = _trained_like(600_000)
     data, params = _planes(x)
-    kind, nbytes = params["planes"][3]
-    assert kind == "zstd"
+    kind, nbytes = params["planes"][3][:2]
+    assert kind == "nib4"
     for wrong in (x.numel() - 1, x.numel() + 7):
         frame = zstandard.ZstdCompressor(level=1).compress(b"\x3f" * wrong)
         bad = data[: len(data) - nbytes] + frame
@@ -199,3 +199,74 @@ def test_decode_into_a_misaligned_slice_of_a_live_tensor_is_bitwise(dtype, shift
     assert torch.equal(live[shift : shift + n].view(torch.uint8), x.view(torch.uint8))
     outside = torch.cat([live[:shift], live[shift + n :]])
     assert torch.equal(outside, torch.full_like(outside, 7.0))
+
+
+def _exponents(n: int, values: list[int], rare: list[int], rare_count: int) -> torch.Tensor:
+    """fp32 elements whose top byte takes ``values`` and, ``rare_count`` times, ``rare``."""
+    g = torch.Generator().manual_seed(5)
+    top = torch.tensor(values, dtype=torch.int64)[torch.randint(len(values), (n,), generator=g)]
+    where = torch.randperm(n, generator=g)[:rare_count]
+    top[where] = torch.tensor(rare)[torch.randint(len(rare), (rare_count,), generator=g)]
+    low = torch.randint(0, 1 << 24, (n,), generator=g)
+    return ((top << 24) | low).to(torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_4_bit_planes_with_escapes_round_trip_and_both_paths_write_the_same_bytes(
+    compiled, monkeypatch
+):
+    """16 values or more: the 15 most frequent get codes, the others (first and last
+    element included, an odd length) are listed apart and put back exactly."""
+    if compiled and _native.load() is None:
+        pytest.fail("the C kernel does not build here; the compiled path cannot be checked")
+    x = _exponents(300_001, list(range(60, 75)), [3, 250], 900)
+    x.view(torch.int32)[0] = 0x7F000000
+    x.view(torch.int32)[-1] = -0x1000000
+    data, params = _planes(x)
+    if not compiled:
+        monkeypatch.setattr(_native, "load", lambda: None)
+        assert _planes(x) == (data, params)  # numpy packs the same bytes
+    entry = params["planes"][3]
+    assert entry[0] == "nib4" and entry[4] >= 900 and len(entry[2]) == 15
+    out = ZstdCodec().decode(data, params, dtype=x.dtype, shape=tuple(x.shape))
+    assert torch.equal(out.view(torch.int32), x.view(torch.int32))
+    into = torch.empty_like(x)
+    ZstdCodec().decode_into(data, params, into)
+    assert torch.equal(into.view(torch.int32), x.view(torch.int32))
+
+
+def test_a_plane_of_many_values_is_one_zstd_frame_as_before():
+    """Too many escapes (over 1/64 of the plane) and the plane is left to plain zstd."""
+    x = _exponents(300_000, list(range(60, 72)), list(range(100, 140)), 30_000)
+    data, params = _planes(x)
+    assert params["planes"][3][0] == "zstd"
+    out = ZstdCodec().decode(data, params, dtype=x.dtype, shape=tuple(x.shape))
+    assert torch.equal(out.view(torch.int32), x.view(torch.int32))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda e: [*e[:4], e[4] + 1], "does not add up"),
+        (lambda e: e[:3], "is described as"),
+        (lambda e: [*e[:2], [*e[2], 7, 8], *e[3:]], "as its values"),
+        (lambda e: [*e[:2], [300], *e[3:]], "as its values"),
+    ],
+    ids=["escape-count", "short-entry", "sixteen-values", "value-range"],
+)
+def test_a_damaged_4_bit_plane_is_a_codec_error(damage, message):
+    x = _exponents(300_001, list(range(60, 75)), [3], 50)
+    data, params = _planes(x)
+    layout = [*params["planes"][:3], damage(params["planes"][3])]
+    with pytest.raises(CodecError, match=message):
+        ZstdCodec().decode(data, {**params, "planes": layout}, dtype=x.dtype, shape=(300_001,))
+
+
+def test_an_escape_outside_the_plane_is_a_codec_error():
+    x = _exponents(300_001, list(range(60, 75)), [3], 50)
+    data, params = _planes(x)
+    entry = params["planes"][3]
+    at = len(data) - 5 * entry[4]  # the first escape's position
+    bad = data[:at] + (10**9).to_bytes(4, "little") + data[at + 4 :]
+    with pytest.raises(CodecError, match="lists an escape at 1000000000"):
+        ZstdCodec().decode(bad, params, dtype=x.dtype, shape=(300_001,))

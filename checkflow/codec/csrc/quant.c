@@ -275,6 +275,38 @@ void unshuffle_planes(const uint8_t *const *planes, uint8_t *out, int64_t n, int
     }
 }
 
+/* A byte plane of few distinct values (a float's exponent byte) as 4-bit codes, two per
+   byte (low nibble first): code[v] is v's code, 15 marks an escape, whose position and value
+   are listed apart. Returns the number of escapes, or -1 once there are more than max_esc
+   (the plane is then not worth coding this way). */
+int64_t nib4_pack(const uint8_t *plane, int64_t n, const uint8_t *code, uint8_t *packed,
+                  uint32_t *esc_pos, uint8_t *esc_val, int64_t max_esc) {
+    int64_t e = 0;
+    for (int64_t i = 0; i < n; i += 2) {
+        uint8_t lo = code[plane[i]], hi = i + 1 < n ? code[plane[i + 1]] : 0;
+        if (lo == 15) {
+            if (e >= max_esc) return -1;
+            esc_pos[e] = (uint32_t)i; esc_val[e++] = plane[i];
+        }
+        if (hi == 15 && i + 1 < n) {
+            if (e >= max_esc) return -1;
+            esc_pos[e] = (uint32_t)(i + 1); esc_val[e++] = plane[i + 1];
+        }
+        packed[i >> 1] = (uint8_t)(lo | (hi << 4));
+    }
+    return e;
+}
+
+/* The inverse: value[c] for each code (value[15] is written where an escape goes; the
+   caller puts the escaped values back). One 256-entry table of byte pairs. */
+void nib4_unpack(const uint8_t *packed, int64_t n, const uint8_t *value, uint8_t *plane) {
+    uint16_t pair[256];
+    for (int b = 0; b < 256; b++) pair[b] = (uint16_t)(value[b & 15] | (value[b >> 4] << 8));
+    int64_t half = n >> 1;
+    for (int64_t j = 0; j < half; j++) memcpy(plane + 2 * j, &pair[packed[j]], 2);
+    if (n & 1) plane[n - 1] = value[packed[half] & 15];
+}
+
 void unshuffle(const uint8_t *in, uint8_t *out, int64_t n, int64_t es) {
     const uint8_t *planes[16];  /* torch's widest element (complex128) is 16 bytes */
     if (es <= 16) {
