@@ -103,8 +103,10 @@ def _pack_plane(
 
 
 _scratch = threading.local()
-"""Per read thread: the buffers its zstd planes are decompressed into, reused chunk after
-chunk (a fresh buffer per plane costs a page fault per 4 KiB, as much as decompressing)."""
+"""Per decoding thread: the buffers its zstd planes are decompressed into, reused chunk
+after chunk (a fresh buffer per plane costs a page fault per 4 KiB, as much as
+decompressing). A restore's read threads end with it; a thread that decodes itself (one
+read thread) keeps them: at most the compressible planes of its largest chunk."""
 
 
 def _plane_buffer(index: int, nbytes: int) -> memoryview:

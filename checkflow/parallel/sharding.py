@@ -91,14 +91,9 @@ class LiveState:
         return t
 
     @property
-    def xla_targets(self) -> bool:
-        """True when a restore copies tensors into live XLA tensors as it reads them."""
-        return any(xla.is_xla(t) for t in self.targets.values())
-
-    @property
     def on_xla(self) -> bool:
         """True when a restore lands tensors on XLA devices (their host copies are transient)."""
-        return bool(self.xla_targets or self.xla_layouts)
+        return bool(self.xla_layouts) or any(xla.is_xla(t) for t in self.targets.values())
 
 
 def _layout_for(layouts: Mapping[str, Any], fqn: str, shape: Iterable[int]) -> Any:

@@ -145,7 +145,9 @@ class CheckpointReader:
             if into is None:
                 return codec.decode(data, entry.params, dtype=dtype, shape=shape, base=base)
             if into.dtype != dtype or tuple(into.shape) != shape:
-                raise CodecError(f"cannot decode a {shape} {dtype} chunk into {into.dtype}")
+                raise CodecError(
+                    f"cannot decode a {shape} {dtype} chunk into {tuple(into.shape)} {into.dtype}"
+                )
             return codec.decode_into(data, entry.params, into, base)
         except (CodecError, ValueError, RuntimeError) as e:
             raise CorruptCheckpointError(

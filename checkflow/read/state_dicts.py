@@ -52,15 +52,15 @@ def _keep(got: list[torch.Tensor]) -> torch.Tensor:
 def _plan_tensor(
     step: int, fqn: str, parts: list[Part], live: LiveState
 ) -> tuple[list[BoxPlan], Finish, torch.Tensor | None]:
-    """What a rank reads of one tensor, what it makes of it, and the live tensor it is
-    read into: the whole tensor (read into its live CPU tensor, or copied into its live
-    XLA tensor at once, when it has one); the box of its DTensor shard (a DTensor); or, for
+    """What a rank reads of one tensor, what it makes of it, and the live tensor it goes
+    into: the whole tensor (read into its live CPU tensor, or copied into its live XLA
+    tensor at once, when it has one); the box of its DTensor shard (a DTensor); or, for
     an SPMD-sharded XLA tensor, the box of each of this process's devices (an XLA tensor
     sharded alike, nothing else read)."""
     shape = tuple(parts[0][1].global_shape)
     target = live.target_for(fqn, shape, dtype_from_name(parts[0][1].dtype))
     if target is not None and xla.is_xla(target):
-        return [plan_box(step, parts)], lambda got: xla.land(target, got[0]), None
+        return [plan_box(step, parts)], lambda got: xla.land(target, got[0]), target
     if target is not None:
         return [plan_box(step, parts)], _keep, target
     on_xla = live.xla_layout_for(fqn, shape)
@@ -169,11 +169,11 @@ def read_state_dicts(
         if fqn not in index:
             raise KeyError(f"step {step} has no tensor {fqn!r}")
         plans[fqn], finish[fqn], target = _plan_tensor(step, fqn, index[fqn], live)
-        if target is not None:
+        if target is None:
+            continue
+        live.landed.add(step)  # from here on, a failed read may leave live tensors mixed
+        if not xla.is_xla(target):  # XLA ones are copied into by ``finish``
             into[fqn] = target
-        first = index[fqn][0][1]
-        if live.target_for(fqn, first.global_shape, dtype_from_name(first.dtype)) is not None:
-            live.landed.add(step)  # from here on, a failed read may leave live tensors mixed
     return unflatten(skeleton, _read_plans(reader, step, plans, finish, into))
 
 
