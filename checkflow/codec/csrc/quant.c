@@ -195,7 +195,8 @@ static inline void join2(const uint8_t *const *p, uint8_t *out, int64_t i) {
 
 /* With stream set, outputs this large are written with non-temporal stores: a restore's
    chunk going into a live tensor is not read back soon, so skipping the cache's
-   read-for-ownership halves the time (48 -> 22 ms for 288 MiB of fp32 on one core). Into
+   read-for-ownership nearly halves the time (benchmarks/restore_phases.py: 26 vs 46 ms for
+   288 MiB of fp32 on one core). Into
    fresh memory they are slower (each page fault has just brought the page into cache). */
 #define STREAM_BYTES (1 << 20)
 
