@@ -24,7 +24,7 @@ import zstandard
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import median_time  # noqa: E402
 
-from checkflow.codec import nibbles  # noqa: E402
+from checkflow.codec import zstd as zstd_codec  # noqa: E402
 from checkflow.codec.base import Encoded  # noqa: E402
 from checkflow.codec.zstd import ZstdCodec, shuffle_bytes  # noqa: E402
 
@@ -98,14 +98,7 @@ def _print_nibbles(enc: Encoded, n: int, reps: int) -> None:
         return
     data = b"".join(bytes(memoryview(b)) for b in enc.data)
     stored = memoryview(data)[sum(e[1] for e in enc.params["planes"][:3]) :]
-    out = np.empty(n, dtype=np.uint8)
-
-    def decode() -> None:
-        codes = zstandard.ZstdDecompressor().decompress(stored[: entry[3]])
-        at = entry[3] + 4 * entry[4]
-        nibbles.unpack(entry[2], codes, stored[entry[3] : at], stored[at:], out)
-
-    t = median_time(decode, reps)
+    t = median_time(lambda: zstd_codec._decode_nibbles(stored, entry, n, 3, True), reps)
     print(
         f"  exponent plane as stored now (4-bit codes, level 1): {entry[1] / n:.1%} "
         f"({entry[4]} escapes), decode {t * 1e3:.2f} ms per {n >> 20} MiB"
