@@ -8,6 +8,11 @@ codec before byte planes were stored apart) against ``ZstdCodec().encode`` now. 
 ``--repeats`` on one thread; and the exponent plane as the codec stores it now (4-bit
 codes two per byte, then zstd: ``checkflow/codec/nibbles.py``), its size and decode time.
 
+Then the mantissa planes that compress at all in ``restore.py``'s state (the MLP + AdamW of
+``overhead.py`` trained 4 steps: some optimizer rows still zero), at the codec's level 1
+against zstd's fast mode (``FAST_LEVEL``: literals not Huffman-coded), which the codec
+picks unless level 1 is more than ``FAST_SLACK`` smaller: size, encode and decode time.
+
     .venv/bin/python benchmarks/zstd_planes.py
 """
 
@@ -23,6 +28,7 @@ import zstandard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import median_time  # noqa: E402
+from overhead import build, layers_for, train_step  # noqa: E402
 
 from checkflow.codec import zstd as zstd_codec  # noqa: E402
 from checkflow.codec.base import Encoded  # noqa: E402
@@ -87,6 +93,7 @@ def main() -> None:
             f"  encode: one frame of all planes {one_frame * 1e3:.1f} ms, "
             f"ZstdCodec now {planes_now * 1e3:.1f} ms"
         )
+    _print_fast_mode(reps)
 
 
 def _print_nibbles(enc: Encoded, n: int, reps: int) -> None:
@@ -103,6 +110,49 @@ def _print_nibbles(enc: Encoded, n: int, reps: int) -> None:
         f"  exponent plane as stored now (4-bit codes, level 1): {entry[1] / n:.1%} "
         f"({entry[4]} escapes), decode {t * 1e3:.2f} ms per {n >> 20} MiB"
     )
+
+
+def restore_state() -> dict[str, torch.Tensor]:
+    """``restore.py``'s state: ``overhead.py``'s MLP + AdamW after 4 steps."""
+    torch.manual_seed(0)  # as restore.py: the batches first, then the model
+    batches = [(torch.randn(64, 2048), torch.randn(64, 2048)) for _ in range(4)]
+    model, opt = build(2048, layers_for(96.0, 2048))
+    for batch in batches:
+        train_step(model, opt, batch)
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for i, p in enumerate(model.parameters()):
+        tensors.update({f"optim.{i}.{k}": v for k, v in opt.state[p].items() if v.dim()})
+    return {k: v for k, v in tensors.items() if v.nbytes >= 1 << 20}
+
+
+def _print_fast_mode(reps: int) -> None:
+    """Level 1 against fast mode for every mantissa plane of ``restore_state`` that is not
+    stored raw, summed."""
+    levels = {"level 1": zstandard.ZstdCompressor(level=1)}
+    levels["fast"] = zstandard.ZstdCompressor(level=zstd_codec.FAST_LEVEL)
+    planes = []
+    for x in restore_state().values():
+        shuffled, n = shuffle_bytes(x), x.numel()
+        for k in range(x.element_size() - 1):
+            plane = bytes(shuffled[k * n : (k + 1) * n])
+            sample = levels["level 1"].compress(plane[: zstd_codec.SAMPLE_BYTES])
+            if len(sample) <= zstd_codec.RAW_RATIO * zstd_codec.SAMPLE_BYTES:
+                planes.append(plane)
+    mib = sum(len(p) for p in planes) / 2**20
+    print(f"restore.py's state: {len(planes)} mantissa planes compress ({mib:.0f} MiB)")
+    for name, cctx in levels.items():
+        frames = [cctx.compress(p) for p in planes]
+        encode = median_time(lambda c=cctx: [c.compress(p) for p in planes], reps)
+        dctx = zstandard.ZstdDecompressor()
+        decode = median_time(
+            lambda fs=frames, d=dctx: [d.decompress(f, max_output_size=1 << 26) for f in fs],
+            reps,
+        )
+        size = sum(len(f) for f in frames) / 2**20
+        print(
+            f"  {name:8s}: {size / mib:.1%} of them, encode {encode * 1e3:.1f} ms, "
+            f"decode {decode * 1e3:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+import zstandard
 
 from checkflow.codec import _native
 from checkflow.codec.base import CodecError
-from checkflow.codec.zstd import ZstdCodec, shuffle_bytes, unshuffle_bytes
+from checkflow.codec.zstd import (
+    DEFAULT_LEVEL,
+    FAST_LEVEL,
+    ZstdCodec,
+    shuffle_bytes,
+    unshuffle_bytes,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.uint8]
 
@@ -66,6 +73,36 @@ def test_noise_planes_are_stored_raw_and_the_exponent_plane_as_4_bit_codes():
     sizes = [entry[1] for entry in enc.params["planes"]]
     assert sizes[:3] == [x.numel()] * 3 and sizes[3] < x.numel() // 2
     assert sum(memoryview(p).nbytes for p in enc.data) == sum(sizes)
+
+
+def test_planes_that_compress_only_by_repeats_are_stored_in_fast_mode():
+    """A young AdamW moment: noise with whole rows zero (units no gradient reached yet).
+    Its mantissa planes shrink through the runs of zeros only, so they are stored in zstd's
+    fast mode (literals not Huffman-coded), which decodes at near copy speed."""
+    x = _trained_like(600_000).reshape(600, 1000)
+    x[::3] = 0
+    enc, _ = ZstdCodec().encode(x)
+    assert [entry[0] for entry in enc.params["planes"]] == ["zstd", "zstd", "zstd", "nib4"]
+    plane = bytes(shuffle_bytes(x)[: x.numel()])
+    assert bytes(enc.data[0]) == zstandard.ZstdCompressor(level=FAST_LEVEL).compress(plane)
+    out = ZstdCodec().decode(
+        enc.data[0] + b"".join(enc.data[1:]), enc.params, dtype=x.dtype, shape=tuple(x.shape)
+    )
+    assert torch.equal(out.view(torch.int32), x.view(torch.int32))
+
+
+def test_a_plane_of_skewed_small_values_keeps_its_huffman_coding():
+    """Small integers (too many values for 4-bit codes) shrink by their skew alone, which
+    fast mode cannot use: the plane keeps the codec's level."""
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(600_000, generator=gen).abs() * 12).clamp(max=255).to(torch.int32)
+    enc, _ = ZstdCodec().encode(x)
+    assert enc.params["planes"][0][0] == "zstd"
+    plane = bytes(shuffle_bytes(x)[: x.numel()])
+    assert bytes(enc.data[0]) == zstandard.ZstdCompressor(level=DEFAULT_LEVEL).compress(plane)
+    assert enc.params["planes"][0][1] < 0.8 * len(
+        zstandard.ZstdCompressor(level=FAST_LEVEL).compress(plane)
+    )
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
