@@ -90,14 +90,10 @@ def _pack_plane(
     the level gains little, see ``FAST_SLACK``); the rest ``["raw", nbytes]``."""
     if plane.nbytes == 0:
         return ["raw", 0], [plane]
-    chosen = cctx
-    if plane.nbytes > SAMPLE_BYTES:
-        sample = plane[:SAMPLE_BYTES]
-        at_level = len(cctx.compress(sample))
-        if at_level > RAW_RATIO * SAMPLE_BYTES:
-            return ["raw", plane.nbytes], [plane]
-        if len(fast.compress(sample)) <= (1 + FAST_SLACK) * at_level:
-            chosen = fast
+    sample = plane[:SAMPLE_BYTES]
+    at_level = len(cctx.compress(sample)) if plane.nbytes > SAMPLE_BYTES else None
+    if at_level is not None and at_level > RAW_RATIO * SAMPLE_BYTES:
+        return ["raw", plane.nbytes], [plane]
     array: Any = np.frombuffer(plane, dtype=np.uint8)
     coded = nibbles.pack(array, array[:SAMPLE_BYTES])
     if coded is not None:
@@ -111,7 +107,11 @@ def _pack_plane(
         nbytes = sum(memoryview(b).nbytes for b in parts)
         if nbytes < plane.nbytes:
             return ["nib4", nbytes, coded.values, len(frame), int(coded.positions.size)], parts
-    packed = chosen.compress(plane)
+    # A small plane (no sample taken) stays at the level: its decode time is noise.
+    gains_little = (
+        at_level is not None and len(fast.compress(sample)) <= (1 + FAST_SLACK) * at_level
+    )
+    packed = (fast if gains_little else cctx).compress(plane)
     if len(packed) < plane.nbytes:
         return ["zstd", len(packed)], [packed]
     return ["raw", plane.nbytes], [plane]

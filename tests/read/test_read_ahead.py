@@ -33,10 +33,10 @@ class Recording(CheckpointReader):
         self.started: list[int] = []
         self.taken = 0
         self.most_ahead = 0
-        self._lock = threading.Lock()
+        self._record = threading.Lock()
 
     def chunk(self, step: int, rank: int, entry: Any, into: torch.Tensor | None = None) -> Any:
-        with self._lock:
+        with self._record:
             self.started.append(entry)
             self.most_ahead = max(self.most_ahead, len(self.started) - self.taken)
         self.work(entry)
