@@ -269,14 +269,9 @@ class ZstdCodec(Codec):
         numel = 1
         for s in shape:
             numel *= s
-        layout = params.get("planes")
+        layout = _plane_layout(params, dtype, itemsize)
         if layout is None:
             return _decode_one_frame(data, params, dtype, shape, numel * itemsize)
-        if not isinstance(layout, list) or len(layout) != itemsize:
-            count = len(layout) if isinstance(layout, list) else layout
-            raise CodecError(
-                f"zstd chunk of {dtype} lists {count!r:.20} byte planes, not {itemsize}"
-            )
         planes = _unpack_planes(data, layout, numel, reuse=itemsize > 1)
         if itemsize == 1:
             return tensor_from_bytes(planes[0], dtype, shape)
@@ -290,18 +285,28 @@ class ZstdCodec(Codec):
         base: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The planes interleaved straight into ``out``: no new memory for the chunk."""
-        layout = params.get("planes")
         itemsize = out.element_size()
-        if layout is None or itemsize == 1 or not isinstance(layout, list):
+        layout = _plane_layout(params, out.dtype, itemsize)
+        if layout is None or itemsize == 1:
             return super().decode_into(data, params, out, base)
-        if len(layout) != itemsize:
-            raise CodecError(
-                f"zstd chunk of {out.dtype} lists {len(layout)} byte planes, not {itemsize}"
-            )
         planes = _unpack_planes(data, layout, out.numel(), reuse=True)
         with torch.no_grad():
             interleave_planes(planes, out.numel(), itemsize, out.detach())
         return out
+
+
+def _plane_layout(params: dict[str, Any], dtype: torch.dtype, itemsize: int) -> list[Any] | None:
+    """The chunk's list of byte planes; None for a chunk written before planes were stored
+    apart (one frame).
+
+    Raises:
+        CodecError: the list is not one entry per byte of ``dtype``.
+    """
+    layout = params.get("planes")
+    if layout is not None and (not isinstance(layout, list) or len(layout) != itemsize):
+        count = len(layout) if isinstance(layout, list) else layout
+        raise CodecError(f"zstd chunk of {dtype} lists {count!r:.20} byte planes, not {itemsize}")
+    return layout
 
 
 def _decode_one_frame(
