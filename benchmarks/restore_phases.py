@@ -7,6 +7,11 @@ shaped like the live ones, and for ``zstd`` its two parts (the planes decompress
 their interleave into the tensors, with and without non-temporal stores). Medians of
 ``--repeats`` after one warm-up pass. Also lists how the zstd planes were stored.
 
+Then whole restores (``Checkpointer.restore()`` into a live model and optimizer, as in
+``restore.py``) with every ``CheckpointReader.chunk`` call timed on the read threads: the
+restore's wall time against the threads' busy time, and what is left idle (threads x wall
+- busy: a read thread waiting for work while the restore runs).
+
     .venv/bin/python benchmarks/restore_phases.py --codec zstd
     .venv/bin/python benchmarks/restore_phases.py --codec exact
 """
@@ -19,6 +24,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from overhead import build, layers_for, train_step  # noqa: E402
 from restore import CheckflowCase  # noqa: E402
 
+from checkflow import knobs  # noqa: E402
 from checkflow import manifest as mf  # noqa: E402
 from checkflow.catalog import committed_steps  # noqa: E402
 from checkflow.codec import _native, get_codec  # noqa: E402
@@ -43,9 +50,8 @@ from checkflow.storage import Storage  # noqa: E402
 def saved_chunks(codec: str, root: str) -> tuple[Storage, int, list[mf.ChunkEntry]]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    layers = layers_for(96.0, 2048)
     batches = [(torch.randn(64, 2048), torch.randn(64, 2048)) for _ in range(4)]
-    model, opt = build(2048, layers)
+    model, opt = build(2048, layers_for(96.0, 2048))
     for b in batches:
         train_step(model, opt, b)
     CheckflowCase(codec, root).write(model, opt, batches)
@@ -102,6 +108,46 @@ def main() -> None:
         phases.update(zstd_parts(chunks, data, outs))
     for name, run in phases.items():
         print(f"  {name:48s} {timed(run, args.repeats) * 1e3:7.1f} ms")
+    read_threads_busy(args.codec, root, args.repeats)
+
+
+def read_threads_busy(codec: str, root: str, repeats: int) -> None:
+    """Whole restores of the saved checkpoint, each chunk's decode timed on its thread."""
+    batches = [(torch.randn(64, 2048), torch.randn(64, 2048)) for _ in range(4)]
+    model, opt = build(2048, layers_for(96.0, 2048))
+    train_step(model, opt, batches[0])  # optimizer state exists: restores go in place
+    case = CheckflowCase(codec, root)
+    busy: list[float] = []
+    lock = threading.Lock()
+    chunk = CheckpointReader.chunk
+
+    def timed_chunk(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        try:
+            return chunk(self, *args, **kwargs)
+        finally:
+            with lock:
+                busy.append(time.perf_counter() - t0)
+
+    CheckpointReader.chunk = timed_chunk  # type: ignore[method-assign]
+    try:
+        case.restore(model, opt)  # warm-up
+        walls, totals = [], []
+        for _ in range(repeats):
+            busy.clear()
+            t0 = time.perf_counter()
+            case.restore(model, opt)
+            walls.append(time.perf_counter() - t0)
+            totals.append(sum(busy))
+    finally:
+        CheckpointReader.chunk = chunk  # type: ignore[method-assign]
+    threads = knobs.read_threads()
+    wall, work = statistics.median(walls), statistics.median(totals)
+    print(
+        f"whole restores, {threads} read threads (medians of {repeats}): wall "
+        f"{wall * 1e3:.1f} ms, read threads busy {work * 1e3:.1f} ms, idle "
+        f"{(threads * wall - work) * 1e3:.1f} ms"
+    )
 
 
 def zstd_parts(
