@@ -62,14 +62,22 @@ def full_parser() -> argparse.ArgumentParser:
     )
     ram.add_argument(
         "--ram-listen",
-        metavar="[HOST:]PORT",
-        help="hold the RAM-tier copies the previous node of the ring sends here",
+        metavar="HOST:PORT",
+        help="hold the RAM-tier copies the previous node of the ring sends here (this "
+        "node's address, or 0.0.0.0:PORT; a bare PORT means 127.0.0.1 and is deprecated)",
     )
     ram.add_argument(
         "--ram-peer",
         metavar="HOST:PORT",
         help="the next node of the ring (its --ram-listen): this node's RAM tier is copied "
         "there, and fetched back from there when this node starts without it",
+    )
+    ram.add_argument(
+        "--ram-secret-file",
+        metavar="PATH",
+        help="the secret the ring's messages are signed with (HMAC-SHA256), the same file on "
+        "every node; default: the job's coordinator token (CHECKFLOW_TOKEN). "
+        "The ring does not start without one",
     )
     return parser
 
@@ -78,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     """Launch; exit 0 when the workers succeeded, 1 when restarts ran out."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from checkflow.folders import UnsafeFolderError
     from checkflow.launch.launcher import coordinator_settings, launch
+    from checkflow.memory.wire import NoSecretError
 
     options = full_parser().parse_args(args.argv)
     try:
@@ -87,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     try:
         launch(options, settings)
+    except (NoSecretError, UnsafeFolderError) as e:
+        raise CliError(str(e)) from None
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         how = (

@@ -3,8 +3,9 @@
 One pass per block does what takes a dozen torch ops (compare with the snapshot, min/max,
 quantize, pack, update the reconstruction and the snapshot), several times faster.
 :mod:`checkflow.codec._build` compiles it at first use with the system's C compiler. When
-there is no compiler, or ``CHECKFLOW_NATIVE=0``, :func:`load` returns None and the codecs use
-the torch path, whose results are bit-identical (tests check both ways).
+there is no compiler, or ``CHECKFLOW_NATIVE=0``, or the library does not load (not the
+kernel, missing symbols), :func:`load` warns once and returns None, and the codecs use the
+torch path, whose results are bit-identical (tests check both ways).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from checkflow.codec._build import BuildError, compile_kernel
+from checkflow.codec._build import BuildError, compile_kernel, forget
 from checkflow.codec.base import CodecError
 from checkflow.codec.blocks import Layout, compress_section, int_view, pack_bitmap
 
@@ -47,13 +48,21 @@ def load() -> NativeKernel | None:
     with _lock:
         if not _tried:
             try:
-                _loaded = NativeKernel(ctypes.CDLL(str(compile_kernel())))
-            except (BuildError, OSError, subprocess.SubprocessError) as e:
-                # Not fatal: the torch path gives the same bytes, only slower.
+                _loaded = _open(compile_kernel())
+            except (BuildError, OSError, subprocess.SubprocessError, AttributeError) as e:
+                # Not fatal: the torch path gives the same bytes, only slower. A library
+                # that is not the kernel (missing symbols: AttributeError) lands here too.
                 logger.warning("quantization kernel unavailable (%s); using torch ops", e)
                 _loaded = None
             _tried = True
     return _loaded
+
+
+def _open(library: Any) -> NativeKernel:
+    try:
+        return NativeKernel(ctypes.CDLL(str(library)))
+    finally:
+        forget(library)
 
 
 _HUGE = 1 << 21

@@ -79,8 +79,10 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     rendezvous.register()
     warm = WarmPool(args.warm_imports.split(",")) if args.warm_restarts else None
     config.run_id = config.run_id or str(uuid.uuid4().int)  # names the RAM-tier folder
-    ram = ram_area(args, coordinator, config.run_id)
-    peers = ram_peers(args, ram) if ram is not None else []
+    job = coordinator.job or config.run_id or "job"
+    ring = ram_ring(args, coordinator, job)
+    ram = ram_area(args, job)
+    peers = ram_peers(args, ram, ring) if ram is not None else []
     try:
         run_agent(config, cmd, list(cmd_args), coordinator, warm, ram_dir=ram)
     except SignalException:
@@ -95,35 +97,58 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
             area.remove(ram)
 
 
-def ram_area(args: argparse.Namespace, coordinator: CoordinatorSettings, run_id: str) -> str | None:
+def ram_ring(args: argparse.Namespace, coordinator: CoordinatorSettings, job: str) -> Any:
+    """The peer ring's signing key (a ``checkflow.memory.wire.RingKey``) for ``job``, from
+    ``--ram-secret-file`` or else the coordinator token; None without ``--ram-listen`` and
+    ``--ram-peer``.
+
+    Raises:
+        NoSecretError: a ring is asked for and there is no secret (a ring without one would
+            let anyone who reaches its port read, drop or plant a node's copies).
+    """
+    if not getattr(args, "ram_tier", False) or not (args.ram_listen or args.ram_peer):
+        return None
+    from checkflow.memory import wire
+
+    secret = wire.read_secret(getattr(args, "ram_secret_file", None), coordinator.token)
+    return wire.RingKey.derive(secret, job)
+
+
+def ram_area(args: argparse.Namespace, job: str) -> str | None:
     """With ``--ram-tier``: create this node's RAM-tier folder and export it to the workers.
 
     It is ``<--ram-root>/<job>/<node>``: the job is the coordinator's job name, else the
-    rendezvous id; the node is ``CHECKFLOW_RAM_NODE``, else the host name.
+    rendezvous id; the node is ``CHECKFLOW_RAM_NODE``, else the host name. Its folders are
+    this user's, mode 0700 (``area.create``).
+
+    Raises:
+        UnsafeFolderError: one of them exists and another user owns it or can write it.
     """
     if not getattr(args, "ram_tier", False):
         return None
-    job = coordinator.job or run_id or "job"
-    path = area.create(area.node_area(args.ram_root, job, area.node_name()))
+    path = area.create(area.node_area(args.ram_root, job, area.node_name()), args.ram_root)
     os.environ[area.RAM_DIR] = path  # workers inherit the agent's environment
     logger.info("checkflow: RAM tier of this node in %s", path)
     return path
 
 
-def ram_peers(args: argparse.Namespace, ram: str) -> list[Any]:
+def ram_peers(args: argparse.Namespace, ram: str, ring: Any) -> list[Any]:
     """``--ram-listen``: hold the predecessor's copies; ``--ram-peer``: first fetch this
-    node's copies back when its memory holds none (a replaced node), then send them there."""
+    node's copies back when its memory holds none (a replaced node), then send them there.
+    Every message is signed with ``ring`` (:func:`ram_ring`)."""
     from checkflow.memory import peer
 
     services: list[Any] = []
+    if ring is None:
+        return services
     if args.ram_listen:
-        services.append(peer.PeerStore(peer.parse_address(args.ram_listen), ram).start())
+        services.append(peer.PeerStore(peer.parse_address(args.ram_listen), ram, ring).start())
     if args.ram_peer:
         successor = peer.parse_address(args.ram_peer)
         node = area.node_name()
         if not peer.committed_step_folders(ram):
-            peer.fetch(successor, node, ram)
-        services.append(peer.PeerSender(ram, node, successor).start())
+            peer.fetch(successor, node, ram, ring)
+        services.append(peer.PeerSender(ram, node, successor, ring).start())
     return services
 
 

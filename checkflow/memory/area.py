@@ -14,6 +14,8 @@ import shutil
 import socket
 from collections.abc import Mapping
 
+from checkflow.folders import private_folder
+
 log = logging.getLogger(__name__)
 
 RAM_DIR = "CHECKFLOW_RAM_DIR"
@@ -51,11 +53,20 @@ def ram_dir_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
     return environ.get(RAM_DIR) or None
 
 
-def create(path: str) -> str:
-    """Make the node's folder (kept when it exists: an agent that restarts on a node whose
-    memory survived finds its ranks' checkpoints there)."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+def create(path: str, root: str) -> str:
+    """Make the node's folder ``path`` inside the RAM root ``root`` (kept when it exists: an
+    agent that restarts on a node whose memory survived finds its ranks' checkpoints there).
+
+    ``root``, the job's folder and the node's are made with mode 0700, or, when they exist,
+    must be this user's and writable by no one else: the names can be computed, so another
+    user could have made them first to read the copies or plant newer ones (issue 31).
+
+    Raises:
+        UnsafeFolderError: one of them exists and is not private.
+    """
+    return private_folder(
+        path, under=os.path.dirname(os.path.abspath(root)), what="RAM-tier folder"
+    )
 
 
 def mark_jit(ram_dir: str) -> None:

@@ -65,7 +65,7 @@ class Ring:
         other = "B" if as_node == "A" else "A"
         launcher = two_node_options(self.rdzv, JOB, self.server.url, TOKEN)
         launcher += ["--ram-tier", "--ram-root", str(self.shm)]
-        launcher += ["--ram-listen", str(self.ports[as_node])]
+        launcher += ["--ram-listen", f"127.0.0.1:{self.ports[as_node]}"]
         launcher += ["--ram-peer", f"127.0.0.1:{self.ports[other]}"]
         job = gated_job_args(self.tmp_path, STEPS, GATE, self.gate)
         node = start_node(self.tmp_path, name, launcher, job, env={"CHECKFLOW_RAM_NODE": as_node})
