@@ -43,8 +43,13 @@ def chain(cache: Path, tmp: Path, **env: str) -> tuple[bool, str, str]:
     tmp.mkdir(exist_ok=True)
     proc = subprocess.run(
         [sys.executable, "-c", _CHAIN],
-        env={**os.environ, "PYTHONPATH": str(REPO), _build.ENV_CACHE: str(cache),
-             "TMPDIR": str(tmp), **env},  # fmt: skip
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            _build.ENV_CACHE: str(cache),
+            "TMPDIR": str(tmp),
+            **env,
+        },  # fmt: skip
         capture_output=True,
         text=True,
         check=True,

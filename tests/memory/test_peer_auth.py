@@ -76,9 +76,7 @@ def put_line(ring: RingKey, body: bytes, **override) -> bytes:
         pytest.param(put_line(STRANGER, b"{}"), id="wrong-secret"),
         pytest.param(put_line(OTHER_JOB, b"{}"), id="same-secret-other-job"),
         pytest.param(put_line(RING, b"{}")[:-3] + b"xyz", id="body-trailer-forged"),
-        pytest.param(
-            put_line(RING, b"{}").replace(b'"size":2', b'"size":3'), id="header-edited"
-        ),
+        pytest.param(put_line(RING, b"{}").replace(b'"size":2', b'"size":3'), id="header-edited"),
         pytest.param(b"00" * 32 + b" {}\n", id="garbage-tag"),
     ],
 )

@@ -101,10 +101,21 @@ def test_the_peer_store_makes_its_folder_with_mode_0700(tmp_path):
     assert mode(tmp_path / "node" / "peers") == 0o700
 
 
-def _checkflow_run(tmp_path: Path, *options: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _checkflow_run(
+    tmp_path: Path, *options: str, env: dict[str, str]
+) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('the workers must not start')\n")
-    command = [sys.executable, "-m", "checkflow.cli", "run", "--nnodes", "1", "--nproc-per-node", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "checkflow.cli",
+        "run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+    ]
     command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     command += ["--rdzv-id", "job"]
     return subprocess.run(
