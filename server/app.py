@@ -9,10 +9,14 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from checkflow_server.api.deps import require_token, token_ok
+from checkflow_server.api import auth
+from checkflow_server.api.admission import Admission, Limits
+from checkflow_server.api.deps import require_token
 from checkflow_server.api.fastpath import HeartbeatFastPath
 from checkflow_server.api.fastproto import heartbeat_protocol
+from checkflow_server.api.ratelimit import LoginLimiter
 from checkflow_server.api.routes import checkpoints, health, jobs, ranks
+from checkflow_server.api.strict_json import encodable
 from checkflow_server.dashboard import routes as dashboard
 from checkflow_server.detector import run_detector
 from checkflow_server.domain.errors import Conflict, NotFound
@@ -22,7 +26,8 @@ from checkflow_server.service import Coordinator
 from checkflow_server.settings import Settings
 from checkflow_server.storage_sync import StorageSync
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -35,6 +40,7 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong bearer token"},
     404: {"model": ErrorBody, "description": "Unknown job, rank or checkpoint"},
     409: {"model": ErrorBody, "description": "Stale generation or conflicting state"},
+    413: {"model": ErrorBody, "description": "Body over the coordinator's max_body_bytes"},
 }
 
 
@@ -57,6 +63,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         description="Failure detection, checkpoint frequency and recovery for checkflow jobs.",
         lifespan=_lifespan,
+        # Swagger UI and ReDoc load their scripts from a CDN: never served. The document
+        # itself only with --docs, behind the token (see api/admission.py).
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=auth.OPENAPI if settings.docs else None,
     )
     app.state.settings = settings
     app.state.coordinator = coordinator
@@ -69,9 +80,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)
-    app.add_middleware(HeartbeatFastPath, coordinator=coordinator, token=settings.token)
+    cap = settings.max_body_bytes
+    app.add_middleware(
+        HeartbeatFastPath, coordinator=coordinator, token=settings.token, max_body_bytes=cap
+    )
+    # Added last, so it runs first: the token and the caps before any body is read.
+    app.state.login_limiter = LoginLimiter(settings.login_attempts, settings.login_refill_s)
+    limits = Limits(settings.token, settings.docs, cap, settings.max_login_bytes)
+    app.add_middleware(Admission, limits=limits, limiter=app.state.login_limiter)
     # For ``checkflow serve``: uvicorn's protocol answering heartbeats without an ASGI task.
-    fast = HeartbeatFastPath(None, coordinator, settings.token)
+    fast = HeartbeatFastPath(None, coordinator, settings.token, cap)
     app.state.http_protocol = heartbeat_protocol(fast) if settings.fast_protocol else None
     _add_error_handlers(app)
     return app
@@ -121,18 +139,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Conflict, error(409))
 
     async def validation(request: Request, exc: Exception) -> JSONResponse:
-        # FastAPI parses the body before running dependencies: without this, a request
-        # with no token and a bad body would learn about the body instead of getting 401.
-        if request.url.path.startswith(f"{paths.PREFIX}/") and not token_ok(
-            request, request.headers.get("authorization")
-        ):
-            return JSONResponse(
-                {"detail": "missing or wrong bearer token: send 'Authorization: Bearer <token>'"},
-                401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        # Admission (api/admission.py) answered 401 already when the token is wrong, so a
+        # request with no token never learns anything about its body here.
         assert isinstance(exc, RequestValidationError)
-        return await request_validation_exception_handler(request, exc)
+        return JSONResponse({"detail": encodable(jsonable_encoder(exc.errors()))}, 422)
 
     app.add_exception_handler(RequestValidationError, validation)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import stat
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -53,6 +55,21 @@ class Settings(BaseSettings):
     sync_storage: bool = True
     """List ``<uri>/step-*/MANIFEST.json`` at startup and job creation to learn commits."""
     log_level: str = "info"
+    insecure: bool = False
+    """Listen on a non-loopback ``host`` without a token (anyone who reaches the port can
+    fail, roll back or commit any job). Without it such a start is refused."""
+    docs: bool = False
+    """Serve the OpenAPI document at ``/openapi.json``, behind the same token as ``/v1``.
+    Off by default: the schema tells a stranger every route."""
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    """Largest request body on any route, checked before it is read (413 above it). The
+    largest legitimate one, a node heartbeat of 1024 ranks, is about 200 KiB."""
+    max_login_bytes: int = Field(default=16 << 10, ge=256, le=1 << 20)
+    """Largest body of the dashboard's ``POST /login`` form."""
+    login_attempts: int = Field(default=10, ge=1, le=10_000)
+    """Wrong tokens one client address may send to ``/login`` in a burst before 429."""
+    login_refill_s: float = Field(default=6.0, gt=0, le=3600)
+    """After the burst, one more ``/login`` try per this many seconds per address."""
 
     @model_validator(mode="after")
     def _read_token_file(self) -> Settings:
@@ -65,3 +82,38 @@ class Settings(BaseSettings):
                 raise ValueError(f"token_file {self.token_file} is empty")
             self.token = token
         return self
+
+    @model_validator(mode="after")
+    def _refuse_open_network(self) -> Settings:
+        # An open coordinator on a network lets anyone fail or roll back any job: make that
+        # a choice (--insecure), never what a missing secret mount silently gives.
+        if self.token is None and not self.insecure and not is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host} is reachable from other machines and no token is set: "
+                "give --token-file PATH (or CHECKFLOW_TOKEN), or --insecure to allow it"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def token_file_warning(path: Path) -> str | None:
+    """A warning when the token file can be read by the group or by others, else None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None  # reading it already failed, with its own message
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        return (
+            f"token file {path} is readable by other users (mode {stat.filemode(mode)}): "
+            f"chmod 600 {path}"
+        )
+    return None

@@ -51,9 +51,28 @@ def coordinator_url(url: str | None) -> str:
     return url or os.environ.get("CHECKFLOW_URL") or DEFAULT_URL
 
 
-def connect(url: str, token: str | None) -> httpx.Client:
-    """An HTTP client of the coordinator at ``url`` (token: default ``$CHECKFLOW_TOKEN``)."""
+def connect(url: str, token: str | None, token_file: str | None = None) -> httpx.Client:
+    """An HTTP client of the coordinator at ``url``. The token: ``token``, else the one in
+    ``token_file``, else ``$CHECKFLOW_TOKEN``."""
+    if token is None and token_file is not None:
+        token = read_token_file(token_file)
     return _http(url, token or os.environ.get("CHECKFLOW_TOKEN"))
+
+
+def read_token_file(path: str) -> str:
+    """The token in the file at ``path`` (a mounted secret), its newline stripped.
+
+    Raises:
+        CliError: the file cannot be read or holds only whitespace (exit 2).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"cannot read the token file {path}: {e}; pass a readable file") from e
+    if not token:
+        raise CliError(f"the token file {path} is empty; write the coordinator's token in it")
+    return token
 
 
 def jobs(http: httpx.Client) -> list[JobPublic]:
@@ -126,7 +145,8 @@ def _send(
         ) from e
     if r.status_code == 401:
         raise CliError(
-            "the coordinator wants a token: pass --token or set CHECKFLOW_TOKEN", EXIT_FAILED
+            "the coordinator wants a token: pass --token-file PATH or set CHECKFLOW_TOKEN",
+            EXIT_FAILED,
         )
     if r.status_code in (404, 409, 422):
         detail = r.json().get("detail")

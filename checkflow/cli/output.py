@@ -133,6 +133,11 @@ def error(message: str) -> None:
     print(f"checkflow: error: {' '.join(message.split())}", file=sys.stderr)
 
 
+def warning(message: str) -> None:
+    """``checkflow: warning: <message>`` on stderr, on one line."""
+    print(f"checkflow: warning: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
 def explain(e: Exception, uri: str | None) -> tuple[int | None, str]:
     """(exit code, one-line message) for an expected error; (None, "") for a bug.
 

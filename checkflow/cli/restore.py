@@ -50,8 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", help="the job's name on the coordinator")
     parser.add_argument(
         "--token",
-        default=os.environ.get("CHECKFLOW_TOKEN"),
         help="coordinator bearer token (default: $CHECKFLOW_TOKEN)",
+    )
+    parser.add_argument(
+        "--token-file", metavar="PATH", help="read the coordinator bearer token from PATH"
     )
 
 
@@ -130,7 +132,7 @@ def _roll_back(args: argparse.Namespace) -> int:
         raise CliError(f"--step must be >= 0, got {args.step}")
     from checkflow.cli.coordinator import connect, recover
 
-    with connect(args.coordinator, args.token) as http:
+    with connect(args.coordinator, args.token, args.token_file) as http:
         reply = recover(http, args.job, args.step)
     target = reply.step
     where = f"step {target}" if target is not None else "the beginning (nothing committed)"

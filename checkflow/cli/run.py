@@ -33,6 +33,7 @@ def full_parser() -> argparse.ArgumentParser:
     group.add_argument("--coordinator", metavar="URL", help="or CHECKFLOW_COORDINATOR")
     group.add_argument("--job", metavar="NAME", help="or CHECKFLOW_JOB")
     group.add_argument("--token", help="or CHECKFLOW_TOKEN")
+    group.add_argument("--token-file", metavar="PATH", help="read the token from PATH")
     warm = parser.add_argument_group("warm restarts (see checkflow.launch.warm)")
     warm.add_argument(
         "--no-warm-restarts",
@@ -91,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
     from checkflow.memory.wire import NoSecretError
 
     options = full_parser().parse_args(args.argv)
+    if options.token is None and options.token_file is not None:
+        from checkflow.cli.coordinator import read_token_file
+
+        options.token = read_token_file(options.token_file)
     try:
         settings = coordinator_settings(options)
     except ValueError as e:

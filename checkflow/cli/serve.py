@@ -1,7 +1,9 @@
 """``checkflow serve``: run the coordinator on uvicorn until interrupted.
 
 Every option also reads ``CHECKFLOW_<OPTION>`` (pydantic-settings); an option given on the
-command line wins.
+command line wins. The token belongs in ``--token-file`` or ``CHECKFLOW_TOKEN``: a
+``--token`` on the command line is readable by every user in ``/proc/PID/cmdline``, so it
+still works but warns (it goes away in a later release).
 """
 
 from __future__ import annotations
@@ -11,18 +13,73 @@ import importlib.util
 import logging
 
 from checkflow.cli.arguments import Command
-from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError, line
+from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError, line, warning
 
-_SETTINGS = ("host", "port", "db", "token", "token_file", "hang_timeout_s", "log_level")
+_SETTINGS = (
+    "host",
+    "port",
+    "db",
+    "token",
+    "token_file",
+    "hang_timeout_s",
+    "log_level",
+    "insecure",
+    "docs",
+    "max_body_bytes",
+    "max_login_bytes",
+    "login_attempts",
+    "login_refill_s",
+)
+TOKEN_ON_COMMAND_LINE = (
+    "--token shows the token to every user of this machine (/proc/PID/cmdline); use "
+    "--token-file PATH or CHECKFLOW_TOKEN instead (--token goes away in a later release)"
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (default 8470)")
     parser.add_argument("--db", help="SQLite database (default: ~/.local/share/checkflow/...)")
-    parser.add_argument("--token", help="bearer token required on /v1 (default: none)")
     parser.add_argument(
-        "--token-file", metavar="PATH", help="read the token from this file (a mounted secret)"
+        "--token-file",
+        metavar="PATH",
+        help="read the bearer token required on /v1 from this file (mode 600; a mounted "
+        "secret); or set CHECKFLOW_TOKEN",
+    )
+    parser.add_argument(
+        "--token", help="deprecated: the token on the command line, readable by every user"
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a --host other than loopback without a token (anyone can change jobs)",
+    )
+    parser.add_argument(
+        "--docs",
+        action="store_true",
+        default=None,
+        help="serve the OpenAPI document at /openapi.json, behind the token (default: off)",
+    )
+    limits = parser.add_argument_group("limits (checked before a request's body is read)")
+    limits.add_argument(
+        "--max-body-bytes", type=int, metavar="N", help="largest request body (default 1 MiB)"
+    )
+    limits.add_argument(
+        "--max-login-bytes", type=int, metavar="N", help="largest /login form (default 16 KiB)"
+    )
+    limits.add_argument(
+        "--login-attempts",
+        type=int,
+        metavar="N",
+        help="wrong tokens per client address at /login before 429 (default 10)",
+    )
+    limits.add_argument(
+        "--login-refill",
+        dest="login_refill_s",
+        type=float,
+        metavar="S",
+        help="then one more /login try per S seconds (default 6)",
     )
     parser.add_argument(
         "--hang-timeout",
@@ -48,10 +105,17 @@ def run(args: argparse.Namespace) -> int:
             "with 'pip install checkflow'"
         ) from e
     given = {k: getattr(args, k) for k in _SETTINGS if getattr(args, k) is not None}
+    if args.token is not None:
+        warning(TOKEN_ON_COMMAND_LINE)
     try:
         settings = Settings(**given)
     except pydantic.ValidationError as e:
-        raise CliError(f"bad setting: {e}") from None
+        raise CliError(f"bad setting: {one_line(e)}") from None
+    if settings.token_file is not None and "token" not in given:
+        from checkflow_server.settings import token_file_warning
+
+        if (problem := token_file_warning(settings.token_file)) is not None:
+            warning(problem)
     # force: the CLI's own logging setup must not keep the service's level and format out.
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -83,6 +147,19 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     server.run()
     return EXIT_OK if server.started else EXIT_FAILED
+
+
+def one_line(e: Exception) -> str:
+    """A pydantic ``ValidationError`` as ``field: problem; ...`` on one line."""
+    errors = getattr(e, "errors", None)
+    if errors is None:
+        return str(e)
+    parts = []
+    for err in errors():
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
 
 
 def _pick(module: str, fallback: str) -> str:

@@ -25,6 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("job", nargs="?", help="job name: show its ranks, checkpoints and events")
     parser.add_argument("--token", help="bearer token (default $CHECKFLOW_TOKEN)")
+    parser.add_argument("--token-file", metavar="PATH", help="read the bearer token from PATH")
     parser.add_argument("--limit", type=int, default=10, help="checkpoints and events to show")
 
 
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     url, job = args.url, args.job
     if url and "://" not in url and job is None:
         url, job = None, url  # `checkflow status JOB`: the URL was left out
-    with connect(coordinator_url(url), args.token) as http:
+    with connect(coordinator_url(url), args.token, args.token_file) as http:
         if not job:
             _print_jobs(jobs(http))
             return EXIT_OK

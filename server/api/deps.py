@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hmac
-import time
 from typing import Annotated
 
-from checkflow_server.api import session
+from checkflow_server.api import auth
 from checkflow_server.service import Coordinator
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -14,23 +12,19 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 _bearer = HTTPBearer(auto_error=False, description="The coordinator's token (--token).")
 
 
-def token_ok(request: Request, header: str | None) -> bool:
-    """Whether ``header`` (the Authorization value) carries the configured token."""
-    token: str | None = request.app.state.settings.token
-    if token is None:
-        return True
-    scheme, _, value = (header or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.encode(), token.encode())
-
-
 def authorized(request: Request) -> bool:
-    """Whether ``request`` may read: the token in its Authorization header or, for a read
-    (GET or HEAD), the dashboard's session cookie (:mod:`.session`). Changes need the header."""
-    if token_ok(request, request.headers.get("authorization")):
-        return True
-    token: str = request.app.state.settings.token
-    cookie = request.cookies.get(session.COOKIE)
-    return request.method in ("GET", "HEAD") and session.valid(token, cookie, time.time())
+    """Whether ``request`` may read: :func:`.auth.authorize` knows who sent it."""
+    return principal(request) is not None
+
+
+def principal(request: Request) -> auth.Principal | None:
+    """Who sent ``request`` (see :func:`.auth.authorize`); None: nobody known."""
+    return auth.authorize(
+        request.app.state.settings.token,
+        request.method,
+        request.headers.get("authorization"),
+        request.headers.get("cookie"),
+    )
 
 
 # async: a plain def dependency would run in the threadpool, a context switch per request.
@@ -38,7 +32,7 @@ async def require_token(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    if not authorized(request):
+    if principal(request) is None:
         raise HTTPException(
             status_code=401,
             detail="missing or wrong bearer token: send 'Authorization: Bearer <token>'",

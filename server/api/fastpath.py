@@ -8,7 +8,8 @@ accepted with the same models and the same :class:`Coordinator` methods as the d
 routes in ``routes/ranks.py`` (the reply is built once, by the rule); anything else (bad
 token, bad body, unknown job, conflict) is handed to FastAPI with the body replayed, so
 errors are exactly the documented ones and a refused request still has no effect (the
-rules validate before they change anything).
+rules validate before they change anything). It sits behind :mod:`.admission`, which has
+already checked the token and capped the body.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from checkflow_server.api.admission import read_capped, replay
 from checkflow_server.domain.errors import Conflict, NotFound
 from checkflow_server.service import Coordinator
 from pydantic import BaseModel, ValidationError
@@ -31,7 +33,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _RANK_PATH = paths.pattern(paths.RANK_HEARTBEAT)
 _NODE_PATH = paths.pattern(paths.NODE_HEARTBEAT)
-_MAX_BODY = 1 << 20
 
 
 def heartbeat_target(path: str) -> tuple[bool, str, str] | None:
@@ -46,11 +47,19 @@ def heartbeat_target(path: str) -> tuple[bool, str, str] | None:
 class HeartbeatFastPath:
     """ASGI middleware answering accepted heartbeats directly (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp | None, coordinator: Coordinator, token: str | None) -> None:
-        """``app``: the ASGI app behind this middleware (None: only :meth:`serve` is used)."""
+    def __init__(
+        self,
+        app: ASGIApp | None,
+        coordinator: Coordinator,
+        token: str | None,
+        max_body_bytes: int = 1 << 20,
+    ) -> None:
+        """``app``: the ASGI app behind this middleware (None: only :meth:`serve` is used);
+        ``max_body_bytes``: a longer body is not a heartbeat (FastAPI's path refuses it)."""
         self.app = app
         self.coordinator = coordinator
         self.expected = None if token is None else f"Bearer {token}".encode()
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -58,10 +67,12 @@ class HeartbeatFastPath:
         target = heartbeat_target(scope["path"])
         if target is None or not self._acceptable_headers(scope):
             return await self._next(scope, receive, send)
-        body = await _read_body(receive)
-        reply = None if body is None else self.serve(*target, body)
+        body = await read_capped(receive, self.max_body_bytes)
+        reply = None
+        if body is not None and len(body) <= self.max_body_bytes:
+            reply = self.serve(*target, body)
         if reply is None:
-            return await self._next(scope, _replay(body or b"", receive), send)
+            return await self._next(scope, replay(body or b"", receive), send)
         payload = reply.model_dump_json().encode()
         await send(
             {
@@ -83,13 +94,16 @@ class HeartbeatFastPath:
         return self.acceptable(scope["headers"])
 
     def acceptable(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        """JSON, and the token when one is required (anything else goes to FastAPI)."""
+        """JSON, a declared body within the cap (a chunked one is counted as it comes), and
+        the token when one is required (anything else goes to FastAPI)."""
         auth = ctype = None
         for name, value in headers:
             if name == b"authorization":
                 auth = value
             elif name == b"content-type":
                 ctype = value
+            elif name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                return False
         if ctype is None or not ctype.startswith(b"application/json"):
             return False
         if self.expected is None:
@@ -110,33 +124,3 @@ class HeartbeatFastPath:
             return self.coordinator.node_heartbeat(job, who, node)
         except (ValidationError, NotFound, Conflict):
             return None
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body; None when the client went away or it is too big."""
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > _MAX_BODY:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed

@@ -9,8 +9,10 @@ serves an accepted heartbeat when its last byte is parsed, with the same
 :meth:`HeartbeatFastPath.serve` and so the same rules and reply, and writes the response in
 one write. Everything else takes uvicorn's ordinary path: another method or path, a body
 the fast path refuses (the request is handed over with its body, so the error is FastAPI's
-documented one), ``Connection: close``, a pipelined request behind one still being answered
-(replies stay in order), or a client not reading its replies.
+documented one), a declared or counted body over ``max_body_bytes`` (handed over at
+once, so :mod:`.admission` answers 413 having buffered at most the cap),
+``Connection: close``, a pipelined request behind one still being answered (replies stay
+in order), or a client not reading its replies.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # uvicorn without httptools: the ASGI fast path alone serves heartbeats
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
-
-_MAX_BODY = 1 << 20
 
 
 _Base: Any = HttpToolsProtocol if HttpToolsProtocol is not None else object
@@ -72,7 +72,7 @@ class _HeartbeatProtocol(_Base):
             return super().on_body(body)
         self._body.append(body)
         self._size += len(body)
-        if self._size > _MAX_BODY:  # not a heartbeat: FastAPI answers (413 or 422)
+        if self._size > self.fastpath.max_body_bytes:  # not a heartbeat: admission's 413
             self._hand_over()
 
     def on_message_complete(self) -> None:

@@ -30,7 +30,6 @@ _HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
-_MAX_FORM = 16 * 1024
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -44,13 +43,18 @@ async def dashboard(request: Request) -> HTMLResponse:
 
 @router.post("/login", response_model=None)
 async def login(request: Request) -> Response:
-    """Check the form's token; on success set the session cookie and go back to ``/``."""
+    """Check the form's token; on success set the session cookie and go back to ``/``.
+
+    Admission (``api/admission.py``) has capped the form's size and refused an address out
+    of tries before this runs; a wrong token here takes one of its tries."""
     token: str | None = request.app.state.settings.token
     if token is None:
         return RedirectResponse("/", 303)
     body = await request.body()
-    given = parse_qs(body[:_MAX_FORM].decode("utf-8", "replace")).get("token", [""])[0]
+    given = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0]
     if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        client = request.client.host if request.client else "unknown"
+        request.app.state.login_limiter.failed(client, time.monotonic())
         error = "Wrong token: enter the coordinator's token (its --token or token file)."
         return HTMLResponse(assets.login_page(error), 401, headers=_HEADERS)
     response = RedirectResponse("/", 303, headers=_HEADERS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from checkflow_server.api.deps import CoordinatorDep
+from checkflow_server.api.strict_json import StrictJSONRoute
 from fastapi import APIRouter, Path, Query
 
 from checkflow.protocol import (
@@ -18,7 +19,7 @@ from checkflow.protocol import (
     paths,
 )
 
-router = APIRouter(tags=["checkpoints"])
+router = APIRouter(tags=["checkpoints"], route_class=StrictJSONRoute)
 
 StepPath = Annotated[int, Path(ge=0, le=MAX_INT, description="Checkpoint step.")]
 RankPath = Annotated[int, Path(ge=0, le=MAX_RANK)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from checkflow_server.api.deps import CoordinatorDep
+from checkflow_server.api.strict_json import StrictJSONRoute
 from fastapi import APIRouter, Query, Request, Response
 
 from checkflow.protocol import (
@@ -18,7 +19,7 @@ from checkflow.protocol import (
     paths,
 )
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], route_class=StrictJSONRoute)
 
 
 @router.post(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from checkflow_server.api.deps import CoordinatorDep
+from checkflow_server.api.strict_json import StrictJSONRoute
 from fastapi import APIRouter, Path, Request
 
 from checkflow.protocol import (
@@ -23,7 +24,7 @@ from checkflow.protocol import (
     paths,
 )
 
-router = APIRouter(tags=["ranks"])
+router = APIRouter(tags=["ranks"], route_class=StrictJSONRoute)
 
 RankPath = Annotated[int, Path(ge=0, le=MAX_RANK, description="Rank in the job.")]
 NodePath = Annotated[
