@@ -65,9 +65,12 @@ class ServerProcess:
             "--log-level",
             "warning",
         ]
-        if self.token:
-            cmd += ["--token", self.token]
-        self.proc = subprocess.Popen([*cmd, *self.options], env=self.env)
+        env = dict(self.env)
+        if self.token:  # the documented way: a --token on the command line warns
+            env["CHECKFLOW_TOKEN"] = self.token
+        else:
+            env.pop("CHECKFLOW_TOKEN", None)
+        self.proc = subprocess.Popen([*cmd, *self.options], env=env)
         deadline = time.monotonic() + 30  # a loaded CI machine imports slowly
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, "coordinator exited during startup"
