@@ -15,13 +15,14 @@ from checkflow_server.api.deps import require_token
 from checkflow_server.api.fastpath import HeartbeatFastPath
 from checkflow_server.api.fastproto import heartbeat_protocol
 from checkflow_server.api.ratelimit import LoginLimiter
-from checkflow_server.api.routes import checkpoints, health, jobs, ranks
+from checkflow_server.api.routes import checkpoints, health, jobs, ranks, tokens
 from checkflow_server.api.strict_json import encodable
 from checkflow_server.dashboard import routes as dashboard
 from checkflow_server.detector import run_detector
 from checkflow_server.domain.errors import Conflict, NotFound
 from checkflow_server.flush import run_heartbeat_flush
 from checkflow_server.repository import Repository
+from checkflow_server.repository.tokens import JobTokens
 from checkflow_server.service import Coordinator
 from checkflow_server.settings import Settings
 from checkflow_server.storage_sync import StorageSync
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong bearer token"},
+    403: {"model": ErrorBody, "description": "A job token used on another job"},
     404: {"model": ErrorBody, "description": "Unknown job, rank or checkpoint"},
     409: {"model": ErrorBody, "description": "Stale generation or conflicting state"},
     413: {"model": ErrorBody, "description": "Body over the coordinator's max_body_bytes"},
@@ -71,25 +73,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.coordinator = coordinator
+    app.state.tokens = JobTokens(coordinator.repository.db)
+    keys = auth.Keys(admin=settings.token, job_of=app.state.tokens.job_of)
+    app.state.keys = keys
     app.state.background = background
     app.state.storage_sync = StorageSync(coordinator, background, enabled=settings.sync_storage)
 
     v1 = APIRouter(prefix=paths.PREFIX, dependencies=[Depends(require_token)], responses=_ERRORS)
-    for module in (jobs, ranks, checkpoints):
+    for module in (jobs, tokens, ranks, checkpoints):
         v1.include_router(module.router)
     app.include_router(v1)
     app.include_router(health.router)
     app.include_router(dashboard.router)
     cap = settings.max_body_bytes
-    app.add_middleware(
-        HeartbeatFastPath, coordinator=coordinator, token=settings.token, max_body_bytes=cap
-    )
+    app.add_middleware(HeartbeatFastPath, coordinator=coordinator, keys=keys, max_body_bytes=cap)
     # Added last, so it runs first: the token and the caps before any body is read.
     app.state.login_limiter = LoginLimiter(settings.login_attempts, settings.login_refill_s)
-    limits = Limits(settings.token, settings.docs, cap, settings.max_login_bytes)
+    limits = Limits(keys, settings.docs, cap, settings.max_login_bytes)
     app.add_middleware(Admission, limits=limits, limiter=app.state.login_limiter)
     # For ``checkflow serve``: uvicorn's protocol answering heartbeats without an ASGI task.
-    fast = HeartbeatFastPath(None, coordinator, settings.token, cap)
+    fast = HeartbeatFastPath(None, coordinator, keys, cap)
     app.state.http_protocol = heartbeat_protocol(fast) if settings.fast_protocol else None
     _add_error_handlers(app)
     return app

@@ -148,9 +148,9 @@ def _send(
             "the coordinator wants a token: pass --token-file PATH or set CHECKFLOW_TOKEN",
             EXIT_FAILED,
         )
-    if r.status_code in (404, 409, 422):
+    if r.status_code in (403, 404, 409, 422):
         detail = r.json().get("detail")
-        hint = " (see `checkflow status URL JOB`)" if r.status_code != 422 else ""
+        hint = " (see `checkflow status URL JOB`)" if r.status_code in (404, 409) else ""
         raise CliError(f"{detail}{hint}", EXIT_USAGE if r.status_code == 422 else EXIT_FAILED)
     if r.status_code >= 400:
         raise CliError(f"coordinator answered HTTP {r.status_code}: {r.text[:200]}", EXIT_FAILED)

@@ -9,7 +9,8 @@ torchrun's own parts do the work: ``torch.distributed.run``'s options and
 - workers that do not exit within ``--shutdown-timeout`` (default :data:`SHUTDOWN_GRACE`
   instead of torch's 30 s) are SIGKILLed: a frozen process never obeys SIGTERM, and a
   restart waits for it;
-- the coordinator settings are exported to the workers (:mod:`checkflow.client.env`);
+- the coordinator settings are exported to the workers (:mod:`checkflow.client.env`),
+  with a token for this job only in place of the admin token (:mod:`.jobtoken`);
 - the agent is :class:`~checkflow.launch.agent.CheckflowAgent`, which follows the job at
   the coordinator, reports crashes to it, and restarts its workers when the job moved on;
 - with ``--ram-tier`` the agent owns the node's RAM-tier folder (:mod:`checkflow.memory`):
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from checkflow.client import env
 from checkflow.client.env import CoordinatorSettings
-from checkflow.launch import rendezvous
+from checkflow.launch import jobtoken, rendezvous
 from checkflow.memory import area
 
 if TYPE_CHECKING:
@@ -70,8 +71,10 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     given = getattr(args, "shutdown_timeout", None)
     if given is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
         config.shutdown_timeout = SHUTDOWN_GRACE
-    # Workers inherit the agent's environment (torch's SubprocessHandler copies os.environ).
-    os.environ.update(coordinator.as_env())
+    # Workers inherit the agent's environment (torch's SubprocessHandler copies os.environ);
+    # they and the agent's crash reports get a token for this job only (launch/jobtoken.py).
+    workers = jobtoken.for_workers(coordinator)
+    os.environ.update(workers.as_env())
     # torch's c10d handler keeps, per agent, the shared store of the round it first joined:
     # an agent that was rank 0 never publishes its address again, so a node that replaces a
     # dead one waits for it until its read timeout. Off, it bootstraps every round afresh.
@@ -80,11 +83,11 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     warm = WarmPool(args.warm_imports.split(",")) if args.warm_restarts else None
     config.run_id = config.run_id or str(uuid.uuid4().int)  # names the RAM-tier folder
     job = coordinator.job or config.run_id or "job"
-    ring = ram_ring(args, coordinator, job)
+    ring = ram_ring(args, coordinator, job)  # the token given: the same on every node
     ram = ram_area(args, job)
     peers = ram_peers(args, ram, ring) if ram is not None else []
     try:
-        run_agent(config, cmd, list(cmd_args), coordinator, warm, ram_dir=ram)
+        run_agent(config, cmd, list(cmd_args), workers, warm, ram_dir=ram)
     except SignalException:
         # Stopped by a signal, the job is not over (the agent may be started again here):
         # its ranks' RAM copies stay for the next agent. Any other end frees the memory.

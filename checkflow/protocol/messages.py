@@ -85,6 +85,24 @@ class JobPublic(BaseModel):
     recovering: bool
 
 
+class JobCreated(JobPublic):
+    """The reply of ``POST /v1/jobs``: the job, and its token when this call created it."""
+
+    token: str | None = Field(
+        default=None,
+        description="A token for this job only, returned this once (the coordinator keeps "
+        "only its hash); null: the job existed, or the call was made with a job token, or "
+        "the coordinator has no token.",
+    )
+
+
+class JobToken(BaseModel):
+    """A new token for one job (``POST /v1/jobs/{job}/tokens``, admin token only)."""
+
+    job: str
+    token: str = Field(description="Acts on this job only; returned this once.")
+
+
 class JobList(BaseModel):
     jobs: list[JobPublic]
 

@@ -15,6 +15,7 @@ PREFIX = f"/{API_VERSION}"
 
 JOBS = "/jobs"
 JOB = "/jobs/{job}"
+JOB_TOKENS = "/jobs/{job}/tokens"
 RESTORE_POINT = "/jobs/{job}/restore-point"
 RECOVER = "/jobs/{job}/recover"
 EVENTS = "/jobs/{job}/events"

@@ -8,7 +8,12 @@ middleware, outside FastAPI's routing, decides from the request line and headers
 1. ``/login`` from an address out of tries: 429 with ``Retry-After`` (:mod:`.ratelimit`);
 2. a protected path (``/v1``, the OpenAPI document) without a principal: 401
    (:func:`.auth.authorize`);
-3. a ``Content-Length`` over the route's cap: 413.
+3. a job token on another job's path, or on what only the admin may do: 403
+   (:func:`.auth.forbidden`);
+4. a ``Content-Length`` over the route's cap: 413.
+
+The principal it found goes to the routes in ``scope["state"]["principal"]``
+(``request.state.principal``).
 
 Then it reads the body itself, counting: a chunked body is cut at the cap with 413. Only
 then does the app see the request, with the body replayed, so a route can never read more
@@ -43,9 +48,9 @@ UNAUTHORIZED = "missing or wrong bearer token: send 'Authorization: Bearer <toke
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The caps and the token that admission enforces (from the coordinator's settings)."""
+    """The caps and the keys that admission enforces (from the coordinator's settings)."""
 
-    token: str | None
+    keys: auth.Keys
     docs: bool
     max_body_bytes: int
     max_login_bytes: int
@@ -72,21 +77,27 @@ class Head:
     content_length: int | None
 
 
-def decide(limits: Limits, limiter: LoginLimiter, head: Head, now: float) -> Refusal | None:
-    """The refusal of a request from its head alone; None: read its body (up to the cap)."""
+def decide(
+    limits: Limits, limiter: LoginLimiter, head: Head, now: float
+) -> Refusal | auth.Principal | None:
+    """The refusal of a request from its head alone; else read its body (up to the cap)
+    and hand it on with its principal (None: a path that needs none)."""
     if head.path == LOGIN and head.method == "POST":
         wait = limiter.retry_after(head.client, now)
         if wait is not None:
             detail = f"too many wrong tokens from {head.client}: try again in {wait} s"
             return Refusal(429, detail, ((b"retry-after", str(wait).encode()),))
-    if auth.protected(head.path, limits.docs) and (
-        auth.authorize(limits.token, head.method, head.authorization, head.cookie) is None
-    ):
-        return Refusal(401, UNAUTHORIZED, ((b"www-authenticate", b"Bearer"),))
+    principal = None
+    if auth.protected(head.path, limits.docs):
+        principal = auth.authorize(limits.keys, head.method, head.authorization, head.cookie)
+        if principal is None:
+            return Refusal(401, UNAUTHORIZED, ((b"www-authenticate", b"Bearer"),))
+        if (why := auth.forbidden(principal, head.method, head.path)) is not None:
+            return Refusal(403, why)
     cap = body_cap(limits, head.path)
     if head.content_length is not None and head.content_length > cap:
         return too_large(cap)
-    return None
+    return principal
 
 
 def body_cap(limits: Limits, path: str) -> int:
@@ -132,10 +143,11 @@ class Admission:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         head = read_head(scope)
-        refusal = decide(self.limits, self.limiter, head, time.monotonic())
-        if refusal is not None:
+        decision = decide(self.limits, self.limiter, head, time.monotonic())
+        if isinstance(decision, Refusal):
             complete = head.content_length is not None and head.content_length <= KEEP_ALIVE_BELOW
-            return await respond(send, refusal, close=not complete)
+            return await respond(send, decision, close=not complete)
+        scope.setdefault("state", {})["principal"] = decision
         cap = body_cap(self.limits, head.path)
         body = await read_capped(receive, cap)
         if body is None:  # the client went away

@@ -20,7 +20,7 @@ def authorized(request: Request) -> bool:
 def principal(request: Request) -> auth.Principal | None:
     """Who sent ``request`` (see :func:`.auth.authorize`); None: nobody known."""
     return auth.authorize(
-        request.app.state.settings.token,
+        request.app.state.keys,
         request.method,
         request.headers.get("authorization"),
         request.headers.get("cookie"),
@@ -32,12 +32,28 @@ async def require_token(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    if principal(request) is None:
+    # Admission (api/admission.py) already decided; asked again here so a route is never
+    # reached by a path around it.
+    who = principal(request)
+    if who is None:
         raise HTTPException(
             status_code=401,
             detail="missing or wrong bearer token: send 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    if (why := auth.forbidden(who, request.method, request.scope["path"])) is not None:
+        raise HTTPException(status_code=403, detail=why)
+    request.state.principal = who
+
+
+async def get_principal(request: Request) -> auth.Principal:
+    """The principal :func:`require_token` found (every ``/v1`` route depends on it)."""
+    who: auth.Principal = request.state.principal
+    return who
+
+
+PrincipalDep = Annotated[auth.Principal, Depends(get_principal)]
+"""Who sent the request: the admin, a job's token, the dashboard's session, or anyone."""
 
 
 async def get_coordinator(request: Request) -> Coordinator:

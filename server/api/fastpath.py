@@ -14,10 +14,10 @@ already checked the token and capped the body.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from checkflow_server.api import auth
 from checkflow_server.api.admission import read_capped, replay
 from checkflow_server.domain.errors import Conflict, NotFound
 from checkflow_server.service import Coordinator
@@ -51,21 +51,21 @@ class HeartbeatFastPath:
         self,
         app: ASGIApp | None,
         coordinator: Coordinator,
-        token: str | None,
+        keys: auth.Keys,
         max_body_bytes: int = 1 << 20,
     ) -> None:
         """``app``: the ASGI app behind this middleware (None: only :meth:`serve` is used);
         ``max_body_bytes``: a longer body is not a heartbeat (FastAPI's path refuses it)."""
         self.app = app
         self.coordinator = coordinator
-        self.expected = None if token is None else f"Bearer {token}".encode()
+        self.keys = keys
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self._next(scope, receive, send)
         target = heartbeat_target(scope["path"])
-        if target is None or not self._acceptable_headers(scope):
+        if target is None or not self.acceptable(scope["headers"], target[1]):
             return await self._next(scope, receive, send)
         body = await read_capped(receive, self.max_body_bytes)
         reply = None
@@ -90,25 +90,26 @@ class HeartbeatFastPath:
         assert self.app is not None, "HeartbeatFastPath(None, ...) is not an ASGI middleware"
         await self.app(scope, receive, send)
 
-    def _acceptable_headers(self, scope: Scope) -> bool:
-        return self.acceptable(scope["headers"])
-
-    def acceptable(self, headers: list[tuple[bytes, bytes]]) -> bool:
+    def acceptable(self, headers: list[tuple[bytes, bytes]], job: str) -> bool:
         """JSON, a declared body within the cap (a chunked one is counted as it comes), and
-        the token when one is required (anything else goes to FastAPI)."""
-        auth = ctype = None
+        a token that may act on ``job`` (anything else goes to FastAPI, whose admission
+        answers 401 or 403)."""
+        authorization = ctype = None
         for name, value in headers:
             if name == b"authorization":
-                auth = value
+                authorization = value
             elif name == b"content-type":
                 ctype = value
             elif name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
                 return False
         if ctype is None or not ctype.startswith(b"application/json"):
             return False
-        if self.expected is None:
+        if self.keys.admin is None:
             return True
-        return auth is not None and hmac.compare_digest(auth, self.expected)
+        if authorization is None:
+            return False
+        who = auth.authorize(self.keys, "POST", authorization.decode("latin-1"), None)
+        return who is not None and who.kind != "session" and (who.job in (None, job))
 
     def serve(self, one_rank: bool, job: str, who: str, body: bytes) -> BaseModel | None:
         """The reply of an accepted heartbeat; None: let FastAPI answer (it will refuse)."""

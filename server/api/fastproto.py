@@ -63,7 +63,7 @@ class _HeartbeatProtocol(_Base):
         if b"%" in raw or not raw.isascii():
             return None  # quoted: uvicorn's path decoding, then the ASGI fast path
         target = heartbeat_target(raw.decode("ascii"))
-        if target is None or not self.fastpath.acceptable(self.headers):
+        if target is None or not self.fastpath.acceptable(self.headers, target[1]):
             return None
         return target
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from checkflow_server.api.admission import Head, Limits, decide
+from checkflow_server.api.admission import Head, Limits, Refusal, decide
+from checkflow_server.api.auth import ADMIN, Keys, Principal
 from checkflow_server.api.ratelimit import LoginLimiter
 from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
@@ -16,7 +17,8 @@ from fastapi.testclient import TestClient
 
 from tests.support.coordinator import AUTH, TOKEN
 
-LIMITS = Limits(token=TOKEN, docs=False, max_body_bytes=1 << 20, max_login_bytes=16 << 10)
+KEYS = Keys(admin=TOKEN, job_of=lambda t: "mine" if t == "cfj_mine" else None)
+LIMITS = Limits(keys=KEYS, docs=False, max_body_bytes=1 << 20, max_login_bytes=16 << 10)
 
 
 def _head(path: str = "/v1/jobs", method: str = "POST", **kw: object) -> Head:
@@ -40,7 +42,7 @@ def test_with_the_token_a_declared_length_over_the_cap_is_413_and_at_the_cap_pas
     )
     assert over is not None and over.status == 413 and str(1 << 20) in over.detail
     at = decide(LIMITS, LoginLimiter(10, 6), _head(authorization=auth, content_length=1 << 20), 0)
-    assert at is None
+    assert at == ADMIN
 
 
 def test_login_has_its_own_smaller_cap_and_needs_no_token() -> None:
@@ -50,11 +52,55 @@ def test_login_has_its_own_smaller_cap_and_needs_no_token() -> None:
     assert refusal is not None and refusal.status == 413
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/jobs/other/ranks/0/failure"),
+        ("POST", "/v1/jobs/other/recover"),
+        ("POST", "/v1/jobs/other/checkpoints/5/commit"),
+        ("PUT", "/v1/jobs/other/checkpoints/5/ranks/0"),
+        ("POST", "/v1/jobs/other/ranks/0/heartbeat"),
+        ("GET", "/v1/jobs/other"),
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs/mine/tokens"),
+        ("POST", "/v1/jobs/other/tokens"),
+        ("GET", "/v1/jobs/mine-too"),
+        ("GET", "/v1/jobs/"),
+        ("GET", "/v1/health"),
+    ],
+)
+def test_a_job_token_is_403_off_its_own_job_before_the_body_is_read(method: str, path: str) -> None:
+    head = _head(path, method, authorization="Bearer cfj_mine", content_length=1 << 40)
+    refusal = decide(LIMITS, LoginLimiter(10, 6), head, 0)
+    assert isinstance(refusal, Refusal) and refusal.status == 403, refusal
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/mine"),
+        ("POST", "/v1/jobs/mine/recover"),
+        ("POST", "/v1/jobs/mine/ranks/3/heartbeat"),
+        ("POST", "/v1/jobs/mine/checkpoints/5/commit"),
+    ],
+)
+def test_a_job_token_acts_on_its_own_job(method: str, path: str) -> None:
+    head = _head(path, method, authorization="Bearer cfj_mine")
+    assert decide(LIMITS, LoginLimiter(10, 6), head, 0) == Principal("job", True, "mine")
+
+
+def test_an_unknown_job_token_is_401_like_any_wrong_token() -> None:
+    head = _head("/v1/jobs/mine", "GET", authorization="Bearer cfj_guess")
+    refusal = decide(LIMITS, LoginLimiter(10, 6), head, 0)
+    assert isinstance(refusal, Refusal) and refusal.status == 401
+
+
 def test_health_metrics_and_the_page_need_no_token_and_openapi_only_when_served() -> None:
     limiter = LoginLimiter(10, 6)
     for path in ("/healthz", "/metrics", "/", "/dashboard/app.js", "/openapi.json"):
         assert decide(LIMITS, limiter, _head(path, "GET"), 0) is None, path
-    docs = Limits(TOKEN, True, 1 << 20, 16 << 10)
+    docs = Limits(KEYS, True, 1 << 20, 16 << 10)
     refusal = decide(docs, limiter, _head("/openapi.json", "GET"), 0)
     assert refusal is not None and refusal.status == 401
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from checkflow_server.api.deps import CoordinatorDep
+from checkflow_server.api.deps import CoordinatorDep, PrincipalDep
 from checkflow_server.api.strict_json import StrictJSONRoute
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from checkflow.protocol import (
     MAX_INT,
     EventList,
     JobCreate,
+    JobCreated,
     JobList,
     JobPublic,
     RecoverRequest,
@@ -24,18 +25,31 @@ router = APIRouter(tags=["jobs"], route_class=StrictJSONRoute)
 
 @router.post(
     paths.JOBS,
-    responses={201: {"model": JobPublic, "description": "Created"}},
+    responses={201: {"model": JobCreated, "description": "Created"}},
     summary="Create a job, or return the one with this name",
 )
 async def create_job(
-    body: JobCreate, coordinator: CoordinatorDep, request: Request, response: Response
-) -> JobPublic:
+    body: JobCreate,
+    coordinator: CoordinatorDep,
+    principal: PrincipalDep,
+    request: Request,
+    response: Response,
+) -> JobCreated:
+    """With the admin token, a job created now comes with its first job token (in
+    ``token``, this once). A job token may create or re-open only its own job."""
+    if principal.job is not None and body.name != principal.job:
+        raise HTTPException(
+            403, f"this token belongs to job {principal.job!r}: it cannot create job {body.name!r}"
+        )
     job, created = coordinator.create_job(body)
+    token = None
     if created:
         response.status_code = 201
         if job.storage_uri:
             request.app.state.storage_sync.schedule(job.name)
-    return job
+        if principal.kind == "admin":
+            token = request.app.state.tokens.issue(job.name)
+    return JobCreated(**job.model_dump(), token=token)
 
 
 @router.get(paths.JOBS, summary="List jobs")
