@@ -130,3 +130,48 @@ def test_accepted_heartbeats_never_reach_the_asgi_app_and_refused_ones_do(tmp_pa
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_a_job_tokens_heartbeats_take_the_fast_path_and_on_another_job_get_403(
+    tmp_path,
+) -> None:
+    app = create_app(Settings(db=tmp_path / "c.db", token=TOKEN, sync_storage=False))
+    reached: list[str] = []
+
+    async def counting(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            reached.append(scope["path"])
+        await app(scope, receive, send)
+
+    port = free_port()
+    config = uvicorn.Config(counting, port=port, http=app.state.http_protocol, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, timeout=10, what="coordinator start")
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as admin:
+            tokens = {}
+            for name in ("a", "b"):
+                r = admin.post("/v1/jobs", json={"name": name, "world_size": 1})
+                tokens[name] = r.json()["token"]
+                assert admin.post(f"/v1/jobs/{name}/ranks/0/register", json={}).is_success
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tokens['a']}"}) as a:
+            reached.clear()
+            for step in (1, 2, 3):
+                hb = {"generation": 1, "step": step}
+                assert a.post("/v1/jobs/a/ranks/0/heartbeat", json=hb).status_code == 200
+            assert reached == []
+            node = {"ranks": [{"rank": 0, "generation": 1, "step": 4}]}
+            assert a.post("/v1/jobs/a/nodes/n/heartbeat", json=node).status_code == 200
+            assert reached == []
+            other = a.post("/v1/jobs/b/ranks/0/heartbeat", json={"generation": 1, "step": 9})
+            assert other.status_code == 403
+            assert reached == ["/v1/jobs/b/ranks/0/heartbeat"]
+            assert a.get("/v1/jobs/a/ranks").json()["ranks"][0]["step"] == 4
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as admin:
+            assert admin.get("/v1/jobs/b/ranks").json()["ranks"][0]["step"] == 0
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
