@@ -92,7 +92,7 @@ def forbidden(principal: Principal, method: str, path: str) -> str | None:
     job, _, rest = path.removeprefix(f"{_JOBS}/").partition("/")
     if not path.startswith(f"{_JOBS}/") or job != principal.job:
         return f"this token belongs to job {principal.job!r}: it cannot act on {path}"
-    if rest == "tokens":
+    if rest.partition("/")[0] == "tokens":
         return "a job token cannot issue tokens: use the admin token"
     return None
 

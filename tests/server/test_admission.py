@@ -64,6 +64,7 @@ def test_login_has_its_own_smaller_cap_and_needs_no_token() -> None:
         ("GET", "/v1/jobs"),
         ("POST", "/v1/jobs/mine/tokens"),
         ("POST", "/v1/jobs/other/tokens"),
+        ("POST", "/v1/jobs/mine/tokens/more"),
         ("GET", "/v1/jobs/mine-too"),
         ("GET", "/v1/jobs/"),
         ("GET", "/v1/health"),
@@ -234,3 +235,10 @@ def test_with_docs_only_the_openapi_document_is_served_and_only_with_the_token(
         assert r.status_code == 200 and "/v1/jobs" in r.json()["paths"]
         for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
             assert client.get(path, headers=AUTH).status_code == 404, path
+
+
+def test_a_coordinator_without_a_token_issues_no_job_tokens(tmp_path: Path) -> None:
+    with _app(tmp_path, token=None) as client:
+        r = client.post("/v1/jobs", json={"name": "open", "world_size": 1})
+        assert r.status_code == 201 and r.json()["token"] is None
+        assert client.post("/v1/jobs/open/recover", json={}).json()["generation"] == 2

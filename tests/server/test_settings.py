@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -46,3 +47,16 @@ def test_serve_with_a_missing_token_file_exits_2_naming_it(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert str(missing) in proc.stderr and "bad setting" in proc.stderr
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"])
+def test_loopback_needs_no_token(tmp_path, host):
+    assert Settings(db=tmp_path / "c.db", host=host).token is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.1", "coordinator.internal"])
+def test_any_other_host_without_a_token_is_refused_unless_insecure(tmp_path, host):
+    with pytest.raises(ValidationError, match=f"host {re.escape(host)} is reachable"):
+        Settings(db=tmp_path / "c.db", host=host)
+    assert Settings(db=tmp_path / "c.db", host=host, insecure=True).insecure
+    assert Settings(db=tmp_path / "c.db", host=host, token="t").token == "t"
