@@ -116,8 +116,3 @@ def protected(path: str, docs: bool) -> bool:
 
 OPENAPI = "/openapi.json"
 """Where ``--docs`` serves the OpenAPI document."""
-
-
-def no_job_tokens(token: str) -> str | None:
-    """``Keys.job_of`` of a coordinator without job tokens (tests of the admission alone)."""
-    return None
