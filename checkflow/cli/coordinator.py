@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from checkflow.cli.output import EXIT_FAILED, EXIT_USAGE, CliError
+from checkflow.cli.output import EXIT_FAILED, EXIT_USAGE, TOKEN_ON_COMMAND_LINE, CliError, warning
 from checkflow.protocol import paths
 from checkflow.protocol.messages import (
     CheckpointList,
@@ -52,8 +52,10 @@ def coordinator_url(url: str | None) -> str:
 
 
 def connect(url: str, token: str | None, token_file: str | None = None) -> httpx.Client:
-    """An HTTP client of the coordinator at ``url``. The token: ``token``, else the one in
-    ``token_file``, else ``$CHECKFLOW_TOKEN``."""
+    """An HTTP client of the coordinator at ``url``. The token: ``token`` (a ``--token``:
+    warned, deprecated), else the one in ``token_file``, else ``$CHECKFLOW_TOKEN``."""
+    if token is not None:
+        warning(TOKEN_ON_COMMAND_LINE)
     if token is None and token_file is not None:
         token = read_token_file(token_file)
     return _http(url, token or os.environ.get("CHECKFLOW_TOKEN"))

@@ -133,6 +133,13 @@ def error(message: str) -> None:
     print(f"checkflow: error: {' '.join(message.split())}", file=sys.stderr)
 
 
+TOKEN_ON_COMMAND_LINE = (
+    "--token shows the token to every user of this machine (/proc/PID/cmdline); use "
+    "--token-file PATH or CHECKFLOW_TOKEN instead (--token goes away in a later release)"
+)
+"""The deprecation warning of every command's ``--token``."""
+
+
 def warning(message: str) -> None:
     """``checkflow: warning: <message>`` on stderr, on one line."""
     print(f"checkflow: warning: {' '.join(message.split())}", file=sys.stderr, flush=True)

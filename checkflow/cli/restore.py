@@ -50,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", help="the job's name on the coordinator")
     parser.add_argument(
         "--token",
-        help="coordinator bearer token (default: $CHECKFLOW_TOKEN)",
+        help="deprecated (every user can read it): use --token-file or $CHECKFLOW_TOKEN",
     )
     parser.add_argument(
         "--token-file", metavar="PATH", help="read the coordinator bearer token from PATH"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from checkflow.cli.arguments import Command
-from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError
+from checkflow.cli.output import EXIT_FAILED, EXIT_OK, TOKEN_ON_COMMAND_LINE, CliError, warning
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def full_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("coordinator (exported to the workers)")
     group.add_argument("--coordinator", metavar="URL", help="or CHECKFLOW_COORDINATOR")
     group.add_argument("--job", metavar="NAME", help="or CHECKFLOW_JOB")
-    group.add_argument("--token", help="or CHECKFLOW_TOKEN")
+    group.add_argument("--token", help="deprecated: use --token-file or CHECKFLOW_TOKEN")
     group.add_argument("--token-file", metavar="PATH", help="read the token from PATH")
     warm = parser.add_argument_group("warm restarts (see checkflow.launch.warm)")
     warm.add_argument(
@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     from checkflow.memory.wire import NoSecretError
 
     options = full_parser().parse_args(args.argv)
+    if options.token is not None:
+        warning(TOKEN_ON_COMMAND_LINE)
     if options.token is None and options.token_file is not None:
         from checkflow.cli.coordinator import read_token_file
 

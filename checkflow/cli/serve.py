@@ -13,7 +13,14 @@ import importlib.util
 import logging
 
 from checkflow.cli.arguments import Command
-from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError, line, warning
+from checkflow.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    TOKEN_ON_COMMAND_LINE,
+    CliError,
+    line,
+    warning,
+)
 
 _SETTINGS = (
     "host",
@@ -29,10 +36,6 @@ _SETTINGS = (
     "max_login_bytes",
     "login_attempts",
     "login_refill_s",
-)
-TOKEN_ON_COMMAND_LINE = (
-    "--token shows the token to every user of this machine (/proc/PID/cmdline); use "
-    "--token-file PATH or CHECKFLOW_TOKEN instead (--token goes away in a later release)"
 )
 
 

@@ -24,7 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"coordinator URL (default $CHECKFLOW_URL or {DEFAULT_URL})",
     )
     parser.add_argument("job", nargs="?", help="job name: show its ranks, checkpoints and events")
-    parser.add_argument("--token", help="bearer token (default $CHECKFLOW_TOKEN)")
+    parser.add_argument(
+        "--token", help="deprecated (every user can read it): use --token-file or $CHECKFLOW_TOKEN"
+    )
     parser.add_argument("--token-file", metavar="PATH", help="read the bearer token from PATH")
     parser.add_argument("--limit", type=int, default=10, help="checkpoints and events to show")
 

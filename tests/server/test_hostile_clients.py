@@ -235,3 +235,31 @@ def test_serve_takes_its_token_from_a_file_and_warns_when_others_can_read_it(
         proc.communicate(timeout=30)
     (warning,) = [x for x in err_lines if x.startswith("checkflow: warning:")]
     assert f"chmod 600 {secret}" in warning
+
+
+@pytest.mark.parametrize(
+    ("command", "rc"), [(["status"], 0), (["restore", "--job", "nope", "--coordinator"], 1)]
+)
+def test_client_commands_warn_once_for_a_command_line_token_and_never_for_a_file(
+    tmp_path: Path, command: list[str], rc: int
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN)
+    secret.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k != "CHECKFLOW_TOKEN"}
+    with served(tmp_path / "c.db") as server:
+        runs = {
+            how: subprocess.run(
+                [sys.executable, "-m", "checkflow.cli", *command, server.url, *how],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+            )
+            for how in (("--token", TOKEN), ("--token-file", str(secret)))
+        }
+    by_flag, by_file = runs.values()
+    assert by_flag.returncode == by_file.returncode == rc  # 1: job nope is not found
+    warned = [x for x in by_flag.stderr.splitlines() if x.startswith("checkflow: warning:")]
+    assert len(warned) == 1 and "/proc/PID/cmdline" in warned[0], by_flag.stderr
+    assert "warning" not in by_file.stderr, by_file.stderr
