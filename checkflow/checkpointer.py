@@ -218,16 +218,14 @@ class Checkpointer:
     def restore(self, step: int | None = None, *, trust: bool = False) -> int:
         """Load the newest committed checkpoint (or ``step``) into the state objects.
 
-        A checkpoint that fails verification is skipped with a warning and the next older
-        one is tried. With a coordinator, its restore point is the default. With several
-        ranks every rank must call this: they agree in the job's store on the newest step
-        that every rank reads, so they all resume from the same one.
+        A checkpoint that fails verification is skipped (a warning) for the next older one;
+        the coordinator's restore point is the default, and one storage lacks is reported
+        back. Every rank must call this: they agree in the job's store on one step all read.
 
         Args:
             step: the checkpoint to load (default: the newest, or the coordinator's).
-            trust: unpickle objects stored as pickles (``allow_pickle=True``, or a
-                checkpoint written before objects were stored as data). Unpickling runs
-                code from the checkpoint: only for checkpoints whose writer you trust.
+            trust: unpickle objects stored as pickles (``allow_pickle=True``, or an old
+                checkpoint); it runs code from the checkpoint: only for writers you trust.
 
         Returns:
             The number of completed steps of the restored checkpoint; 0 when there is none.
@@ -236,12 +234,15 @@ class Checkpointer:
             UntrustedCheckpointError: an object is a pickle and ``trust`` is False.
         """
         self.open()
-        if step is None and self._registration is not None:
-            step = self._registration.restore_step
+        advised = step is None and self._registration is not None
+        step = self._registration.restore_step if advised else step
         with self.paused():  # reading may take long: not a hang
             found, self.restored_from = resume.read_tiered(
-                self.storage, self.state, step, self._sync, self._ram, rank=self.rank, trust=trust
-            )
+                self.storage, self.state, step, self._sync, self._ram, rank=self.rank,
+                trust=trust, advised=advised,
+            )  # fmt: skip
+        if self._client is not None and advised:  # a restore point storage did not confirm
+            self._client.report_restored(step, found[0] if found is not None else None)
         if found is None:
             return 0
         meta = found[1].pop(META_KEY, {})
@@ -249,8 +250,7 @@ class Checkpointer:
         self._step = int(meta.get("step", found[0]))
         if self.codecs.lossless:
             warn_if_different(meta.get("environment", {}), step=self._step, uri=self.storage.uri)
-        self._last_checkpoint_step = self._step
-        self._last_step_end = None
+        self._last_checkpoint_step, self._last_step_end = self._step, None
         self._jit.mark(self._step)
         log.info("restored step %d from %s (%s)", self._step, self.storage.uri, self.restored_from)
         return self._step

@@ -23,17 +23,28 @@ from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointErro
 from checkflow.storage import Storage
 
 
-def candidate_steps(storage: Storage, step: int | None) -> list[int]:
+def candidate_steps(storage: Storage, step: int | None, *, advised: bool = False) -> list[int]:
     """Committed steps to try, newest first: all of them, or ``step`` and older ones.
 
+    ``advised``: ``step`` is the coordinator's restore point, not the caller's choice. When
+    storage does not confirm it (no readable ``MANIFEST.json``: a commit the coordinator
+    accepted but that was never written) the older committed steps are tried, with a
+    warning: storage, not the coordinator, is the truth.
+
     Raises:
-        NoCheckpointError: ``step`` was asked for and is not committed.
+        NoCheckpointError: ``step`` was asked for (not advised) and is not committed.
     """
     steps = sorted(committed_steps(storage), reverse=True)
     if step is None:
         return steps
     if step not in steps:
-        raise NoCheckpointError(f"no committed checkpoint at step {step} in {storage.uri}")
+        if not advised:
+            raise NoCheckpointError(f"no committed checkpoint at step {step} in {storage.uri}")
+        warnings.warn(
+            f"the coordinator's restore point, step {step}, is not committed in {storage.uri}; "
+            "restoring the newest older committed step instead",
+            stacklevel=3,
+        )
     return [s for s in steps if s <= step]
 
 
@@ -129,18 +140,20 @@ def read_tiered(
     *,
     rank: int,
     trust: bool,
+    advised: bool = False,
 ) -> tuple[tuple[int, dict[str, Any]] | None, str]:
     """``read_newest`` over the candidates of both tiers; returns what it read and from which
     tier (``"ram"``, ``"storage"``, or ``""`` when nothing was read).
 
     When ``step`` was found only in the RAM tier and no RAM copy reads, the committed steps
     of storage are tried as without a RAM tier. Every rank takes the same branches: the
-    agreement returns the same result on all of them.
+    agreement returns the same result on all of them. ``advised``: ``step`` is the
+    coordinator's restore point (see :func:`candidate_steps`).
     """
     tiers: dict[int, str] = {}
     copies = ram.copies() if ram is not None else None
     steps = (
-        candidate_steps(storage, step)
+        candidate_steps(storage, step, advised=advised)
         if copies is None
         else tiered_candidates(storage, copies, step)
     )

@@ -77,7 +77,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     keys = auth.Keys(admin=settings.token, job_of=app.state.tokens.job_of)
     app.state.keys = keys
     app.state.background = background
-    app.state.storage_sync = StorageSync(coordinator, background, enabled=settings.sync_storage)
+    app.state.storage_sync = StorageSync(
+        coordinator, background, enabled=settings.sync_storage, allow=settings.storage_allow
+    )
 
     v1 = APIRouter(prefix=paths.PREFIX, dependencies=[Depends(require_token)], responses=_ERRORS)
     for module in (jobs, tokens, ranks, checkpoints):

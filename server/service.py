@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from checkflow_server.domain import checkpoints, jobs, ranks, tuning, views
 from checkflow_server.domain.changes import Changes, EventKind
-from checkflow_server.domain.errors import NotFound
+from checkflow_server.domain.errors import NotFound, StaleGeneration
 from checkflow_server.domain.generation import short_list
 from checkflow_server.domain.state import Job
 from checkflow_server.metrics import Metrics
@@ -44,6 +44,7 @@ from checkflow.protocol import (
     RecoverRequest,
     RegisterRequest,
     Registration,
+    RestoredReport,
     RestorePoint,
 )
 
@@ -70,6 +71,7 @@ class Coordinator:
         self.clock = clock
         self.jobs: dict[str, Job] = {}
         self.metrics = Metrics()
+        self._warned_commit: set[str] = set()
 
     def load(self) -> None:
         """Rebuild memory from the database; every alive rank gets a fresh grace period."""
@@ -127,7 +129,11 @@ class Coordinator:
 
     def rank_heartbeat(self, name: str, rank: int, body: Heartbeat) -> HeartbeatReply:
         job = self.job(name)
-        return self._apply(job, *ranks.rank_heartbeat(job, rank, body, self.clock()))
+        try:
+            return self._apply(job, *ranks.rank_heartbeat(job, rank, body, self.clock()))
+        except StaleGeneration as e:  # refused; only that its rank heard is recorded
+            self._save(job, e.changes)
+            raise
 
     def node_heartbeat(self, name: str, node: str, body: NodeHeartbeat) -> NodeHeartbeatReply:
         job = self.job(name)
@@ -152,7 +158,18 @@ class Coordinator:
 
     def commit(self, name: str, step: int, body: CommitReport) -> CheckpointPublic:
         job = self.job(name)
+        if body.generation is None and name not in self._warned_commit:
+            self._warned_commit.add(name)
+            logger.warning(
+                "job %s: a commit without its generation (an older client): deprecated, "
+                "fenced by the checkpoint's generation only; upgrade its ranks",
+                name,
+            )
         return self._apply(job, *checkpoints.commit(job, step, body, self.clock()))
+
+    def restored(self, name: str, rank: int, body: RestoredReport) -> RestorePoint:
+        job = self.job(name)
+        return self._apply(job, *checkpoints.restored(job, rank, body, self.clock()))
 
     def list_checkpoints(self, name: str, *, limit: int) -> CheckpointList:
         job = self.job(name)

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from checkflow.protocol import MAX_SECONDS
@@ -54,6 +54,11 @@ class Settings(BaseSettings):
     """Checkpoint interval (steps) used until a checkpoint cost has been reported."""
     sync_storage: bool = True
     """List ``<uri>/step-*/MANIFEST.json`` at startup and job creation to learn commits."""
+    storage_allow: list[str] = Field(default_factory=list)
+    """Storage the coordinator may read itself (``--storage-allow``, repeatable):
+    ``SCHEME`` or ``SCHEME://HOST[:PORT]``, e.g. ``s3://ckpt-bucket`` or ``file``. Default
+    none: a job's ``storage_uri`` is never fetched here (the ranks read storage); see
+    ``storage_sync.storage_allowed``."""
     log_level: str = "info"
     insecure: bool = False
     """Listen on a non-loopback ``host`` without a token (anyone who reaches the port can
@@ -70,6 +75,18 @@ class Settings(BaseSettings):
     """Wrong tokens one client address may send to ``/login`` in a burst before 429."""
     login_refill_s: float = Field(default=6.0, gt=0, le=3600)
     """After the burst, one more ``/login`` try per this many seconds per address."""
+
+    @field_validator("storage_allow")
+    @classmethod
+    def _check_storage_allow(cls, rules: list[str]) -> list[str]:
+        for rule in rules:
+            scheme, sep, host = rule.partition("://")
+            if not scheme.isidentifier() or (sep and not host) or "/" in host or "@" in host:
+                raise ValueError(
+                    f"storage_allow {rule!r}: give SCHEME or SCHEME://HOST[:PORT], e.g. "
+                    "'s3://my-bucket' or 'file'"
+                )
+        return [r.lower() for r in rules]
 
     @model_validator(mode="after")
     def _read_token_file(self) -> Settings:

@@ -9,12 +9,18 @@ a rank that died after writing a commit but before reporting it leaves a checkpo
 coordinator thinks abandoned, and the restarted group would redo steps it had (a 50-cycle
 stress run saw this 4 times). Registrations wait for that listing, up to
 :data:`REGISTRATION_WAIT_S`.
+
+A job's ``storage_uri`` comes from a client: the coordinator reads only storage the
+operator allowed (``--storage-allow``, :func:`storage_allowed`), so that no client makes it
+fetch an internal address (SSRF). By default none is allowed and nothing here runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from checkflow_server.service import Coordinator
 
@@ -27,6 +33,26 @@ REGISTRATION_WAIT_S = 1.0
 with the restore point known so far (the listing goes on and is learned when it ends).
 Below the rank client's request timeout (2 s), so that a slow store never makes a
 registration fail; a listing of local or S3 storage usually takes milliseconds."""
+
+
+def storage_allowed(uri: str, allow: Sequence[str]) -> bool:
+    """Whether the operator's rules ``allow`` (``SCHEME`` or ``SCHEME://HOST[:PORT]``,
+    lower case) let the coordinator read ``uri``. A path without a scheme is ``file``.
+    Refused whatever the rules: chained URLs (``a::b``, which fetch through another
+    protocol), user info in the host (``s3://x@evil``), anything unparsable."""
+    if "::" in uri:
+        return False
+    try:
+        parts = urlsplit(uri)
+        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        return False
+    if "@" in parts.netloc:
+        return False
+    scheme = parts.scheme.lower() or "file"
+    if len(scheme) == 1:  # a Windows drive letter, not a scheme
+        scheme = "file"
+    return scheme in allow or f"{scheme}://{host}" in allow
 
 
 def committed_steps(uri: str) -> list[int]:
@@ -50,14 +76,21 @@ class StorageSync:
         coordinator: Told of the commits found.
         tasks: Where the tasks are kept (the app cancels them at shutdown).
         enabled: False: :meth:`schedule` does nothing (``sync_storage=False``).
+        allow: the operator's storage rules (:func:`storage_allowed`); empty: none read.
     """
 
     def __init__(
-        self, coordinator: Coordinator, tasks: set[asyncio.Task[None]], enabled: bool
+        self,
+        coordinator: Coordinator,
+        tasks: set[asyncio.Task[None]],
+        enabled: bool,
+        allow: Sequence[str] = (),
     ) -> None:
         self.coordinator = coordinator
         self.tasks = tasks
         self.enabled = enabled
+        self.allow = tuple(allow)
+        self._refused: set[str] = set()
         self._per_generation: dict[str, tuple[int, asyncio.Task[None]]] = {}
 
     def schedule(self, name: str) -> None:
@@ -70,7 +103,7 @@ class StorageSync:
         listed in its current generation; the first registration of a generation starts
         the listing, the others wait for the same one. The event loop is never blocked."""
         job = self.coordinator.jobs.get(name)
-        if not self.enabled or job is None or not job.storage_uri:
+        if not self.enabled or job is None or not self._readable(name, job.storage_uri):
             return
         known = self._per_generation.get(name)
         if known is None or known[0] != job.generation:
@@ -91,10 +124,27 @@ class StorageSync:
         except Exception:  # the listing's own failure is logged there; serve without it
             return
 
+    def _readable(self, name: str, uri: str | None) -> bool:
+        """Whether job ``name``'s storage may be read here; a refusal is logged once."""
+        if not uri:
+            return False
+        if storage_allowed(uri, self.allow):
+            return True
+        if name not in self._refused and self.allow:
+            self._refused.add(name)
+            logger.warning(
+                "job %s: storage %s is not allowed by --storage-allow; the coordinator does "
+                "not read it (the ranks do)",
+                name,
+                uri,
+            )
+        return False
+
     async def _sync(self, name: str) -> None:
         job = self.coordinator.jobs.get(name)
-        if job is None or not job.storage_uri:
+        if job is None or not self._readable(name, job.storage_uri):
             return
+        assert job.storage_uri is not None
         steps = await asyncio.to_thread(committed_steps, job.storage_uri)
         added = self.coordinator.learn_commits(name, steps)  # back on the loop: SQLite here
         if added:

@@ -29,6 +29,7 @@ _SETTINGS = (
     "token",
     "token_file",
     "hang_timeout_s",
+    "storage_allow",
     "log_level",
     "insecure",
     "docs",
@@ -91,6 +92,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds a rank's step may stand still before it is hung, for jobs that set no "
         "hang_timeout (default: derived from each job's step times, at least 60 s)",
+    )
+    parser.add_argument(
+        "--storage-allow",
+        action="append",
+        metavar="SCHEME[://HOST]",
+        help="storage the coordinator may list itself to learn commits (repeatable, e.g. "
+        "s3://my-bucket or file); default none: it never reads a job's storage_uri",
     )
     parser.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
 

@@ -26,7 +26,7 @@ import httpx
 from pydantic import ValidationError
 
 from checkflow.client.progress import ProgressReport
-from checkflow.client.transport import Channel, CoordinatorUnavailable, why
+from checkflow.client.transport import Channel, CoordinatorUnavailable, Reachability, why
 from checkflow.protocol import (
     Action,
     CheckpointKind,
@@ -42,6 +42,8 @@ from checkflow.protocol import (
     RankPublic,
     RegisterRequest,
     Registration,
+    RestoredReport,
+    RestorePoint,
     Schedule,
     paths,
 )
@@ -138,7 +140,9 @@ class CoordinatorClient:
         self._progress = ProgressReport()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._unreachable = self._aborted = False
+        self._aborted = False
+        self._reach = Reachability(self.url, rank)
+        self._advised: int | None = None
 
     # --- public API ---------------------------------------------------------------------
     def register(self) -> Registration | None:
@@ -151,7 +155,7 @@ class CoordinatorClient:
         try:
             return self._register(self._reports)
         except CoordinatorUnavailable as e:
-            self._note_unreachable(e)
+            self._reach.lost(e, self.interval)
             return None
         except httpx.HTTPStatusError as e:
             logger.error("coordinator refused registration of rank %d: %s", self.rank, why(e))
@@ -237,7 +241,7 @@ class CoordinatorClient:
         try:
             reply = self._reports.call("PUT", path, body, PartReply)
         except CoordinatorUnavailable as e:
-            self._note_unreachable(e)
+            self._reach.lost(e, self.interval)
             return None
         except httpx.HTTPStatusError as e:
             if e.response.status_code == 409:
@@ -250,12 +254,25 @@ class CoordinatorClient:
     def report_committed(self, step: int) -> None:
         """The global manifest of ``step`` is written (this rank committed it)."""
         path = paths.path(paths.COMMIT, job=self.job, step=step)
-        body = CommitReport(rank=self.rank)
+        body = CommitReport(rank=self.rank, generation=self._generation)
         try:
             self._reports.call("POST", path, body, CheckpointPublic)
         except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
             # Not fatal: the coordinator also learns commits by listing storage.
             logger.warning("could not report commit of step %d: %s", step, e)
+
+    def report_restored(self, asked: int | None, step: int | None) -> None:
+        """This rank restored ``step`` (None: nothing) when it asked for ``asked``; if that was
+        the coordinator's restore point and storage did not hold it, tell the coordinator,
+        which corrects its restore point to what storage holds. Never raises."""
+        if self._generation is None or asked != self._advised or step == asked:
+            return
+        body = RestoredReport(generation=self._generation, advised=asked, step=step)
+        path = paths.path(paths.RESTORED, job=self.job, rank=self.rank)
+        try:
+            self._reports.call("POST", path, body, RestorePoint)
+        except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
+            logger.warning("could not report the step rank %d restored: %s", self.rank, e)
 
     def finish(self) -> None:
         """Training ended normally: the coordinator stops watching this rank. Call it before
@@ -286,7 +303,7 @@ class CoordinatorClient:
         try:
             self._beat()
         except CoordinatorUnavailable as e:
-            self._note_unreachable(e)
+            self._reach.lost(e, self.interval)
 
     def close(self) -> None:
         """Stop the heartbeat thread and close connections."""
@@ -308,9 +325,9 @@ class CoordinatorClient:
         body = RegisterRequest(instance=self.instance, node=socket.gethostname()[:256])
         path = paths.path(paths.REGISTER, job=self.job, rank=self.rank)
         reply = channel.call("POST", path, body, Registration)
-        self._generation = reply.generation
+        self._generation, self._advised = reply.generation, reply.restore_step
         self._schedule = reply.schedule
-        self._back_online()
+        self._reach.back()
         logger.info(
             "rank %d registered with coordinator %s: generation %d, restore step %s",
             self.rank,
@@ -327,7 +344,7 @@ class CoordinatorClient:
                 self._beat()
                 delay = self.heartbeat_interval_s
             except CoordinatorUnavailable as e:
-                self._note_unreachable(e)
+                self._reach.lost(e, self.interval)
                 # Backoff with jitter so that thousands of ranks don't return in lockstep.
                 delay = min(MAX_BACKOFF_S, max(delay, self.heartbeat_interval_s) * 2)
                 delay *= _jitter.uniform(0.75, 1.0)
@@ -350,7 +367,7 @@ class CoordinatorClient:
         except httpx.HTTPStatusError as e:
             code = e.response.status_code
             if code == 409:
-                self._abort(f"coordinator does not know generation {self._generation}: {why(e)}")
+                self._abort(f"coordinator refused generation {self._generation}: {why(e)}")
             elif code == 404:
                 # The coordinator lost this job (new database): register it again.
                 logger.warning("coordinator does not know job %s; registering again", self.job)
@@ -358,7 +375,7 @@ class CoordinatorClient:
             else:
                 logger.error("heartbeat refused: %s", why(e))
             return
-        self._back_online()
+        self._reach.back()
         self._schedule = reply.schedule
         if reply.action == Action.ABORT:
             self._abort(
@@ -381,20 +398,3 @@ class CoordinatorClient:
         )
         logging.shutdown()
         os._exit(ABORT_EXIT_CODE)
-
-    def _note_unreachable(self, error: Exception) -> None:
-        if not self._unreachable:
-            self._unreachable = True
-            interval = self.interval
-            logger.warning(
-                "coordinator %s unreachable (%s); rank %d keeps training%s and retries",
-                self.url,
-                error,
-                self.rank,
-                f" with interval {interval}" if interval is not None else "",
-            )
-
-    def _back_online(self) -> None:
-        if self._unreachable:
-            self._unreachable = False
-            logger.warning("coordinator %s reachable again (rank %d)", self.url, self.rank)

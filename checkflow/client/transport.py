@@ -3,12 +3,14 @@ reply is parsed into the model the API documents for it."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
+logger = logging.getLogger("checkflow.client.rank")
 Reply = TypeVar("Reply", bound=BaseModel)
 
 
@@ -55,6 +57,31 @@ class Channel:
 
     def close(self) -> None:
         self._http.close()
+
+
+class Reachability:
+    """Whether a rank's coordinator answered last time: each change is logged once, so a
+    coordinator that is down for long does not flood the training's log."""
+
+    def __init__(self, url: str, rank: int) -> None:
+        self.url, self.rank = url, rank
+        self.down = False
+
+    def lost(self, error: Exception, interval: int | None) -> None:
+        if not self.down:
+            self.down = True
+            logger.warning(
+                "coordinator %s unreachable (%s); rank %d keeps training%s and retries",
+                self.url,
+                error,
+                self.rank,
+                f" with interval {interval}" if interval is not None else "",
+            )
+
+    def back(self) -> None:
+        if self.down:
+            self.down = False
+            logger.warning("coordinator %s reachable again (rank %d)", self.url, self.rank)
 
 
 def why(error: httpx.HTTPStatusError) -> str:

@@ -38,6 +38,7 @@ from checkflow.protocol.messages import (
     RecoverRequest,
     RegisterRequest,
     Registration,
+    RestoredReport,
     RestorePoint,
 )
 from checkflow.protocol.schedule import Schedule
@@ -90,6 +91,7 @@ __all__ = [
     "RecoverRequest",
     "RegisterRequest",
     "Registration",
+    "RestoredReport",
     "RestorePoint",
     "Schedule",
     "paths",

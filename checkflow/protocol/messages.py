@@ -258,6 +258,20 @@ class PartReply(BaseModel):
 
 class CommitReport(Strict):
     rank: RankId | None = None
+    generation: Generation | None = Field(
+        default=None,
+        description="The committing rank's generation: one older than the job's is refused "
+        "(409). Left out (clients before 0.2): accepted only for a checkpoint in progress in "
+        "the job's current generation; deprecated.",
+    )
+
+
+class RestoredReport(Strict):
+    """What a rank restored when it is not what the coordinator advised."""
+
+    generation: Generation
+    advised: Step | None = Field(description="The restore step the registration gave.")
+    step: Step | None = Field(description="The step it restored; null: none (step 0).")
 
 
 class CheckpointPublic(BaseModel):

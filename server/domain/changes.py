@@ -24,6 +24,9 @@ class EventKind(StrEnum):
     RECOVERED = "recovered"
     ROLLBACK_REQUESTED = "rollback_requested"
     INTERVAL_CHANGED = "interval_changed"
+    RESTORE_POINT_CORRECTED = "restore_point_corrected"
+    """A rank could not read the restore point on storage and restored an older step: the
+    checkpoints between were abandoned (see :func:`.checkpoints.restored`)."""
     TRAINED_AGAIN = "trained_again"
     """After a failure (or roll-back), a rank of the new generation trained past its
     restore step: the recovery is over. Its detail has the fault kind, detection latency,

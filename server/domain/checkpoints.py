@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from checkflow_server.domain.changes import Changes
+from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.domain.generation import restart_schedule
 from checkflow_server.domain.ranks import check_rank
 from checkflow_server.domain.state import Checkpoint, Job, Part
-from checkflow_server.domain.views import checkpoint_public
+from checkflow_server.domain.views import checkpoint_public, restore_point
 
 from checkflow.protocol import (
     CheckpointKind,
@@ -23,6 +24,8 @@ from checkflow.protocol import (
     CommitReport,
     PartReply,
     PartReport,
+    RestoredReport,
+    RestorePoint,
 )
 
 RAM_STEPS_KEPT = 4
@@ -127,16 +130,31 @@ def _ram_part(job: Job, step: int, rank: int, *, jit: bool = False) -> PartReply
 def commit(job: Job, step: int, body: CommitReport, now: float) -> tuple[CheckpointPublic, Changes]:
     """The global manifest of ``step`` is written: it is a restore point from now on.
 
+    Fenced: only a checkpoint in progress in the job's current generation is committed, so
+    a commit replayed after a roll-back, or one in flight while it happened, never moves the
+    restore point past the step rolled back to. A report without a generation (older
+    clients, deprecated) is fenced by the checkpoint's own generation alone.
+
     Raises:
         NotFound: no rank reported a part of ``step``.
-        Conflict: not every rank has persisted its part.
+        Conflict: a generation other than the job's, a checkpoint abandoned or of an older
+            generation, or not every rank has persisted its part.
     """
+    if body.generation is not None and body.generation != job.generation:
+        raise Conflict(
+            f"generation {body.generation} is not the job's current generation {job.generation}"
+        )
     ck = job.checkpoints.get(step)
     if ck is None:
         raise NotFound(f"checkpoint {step} of job {job.name!r} not found")
     changes = Changes()
     if ck.status == COMMITTED:
         return checkpoint_public(job, ck), changes
+    if ck.status == ABANDONED or ck.generation != job.generation:
+        raise Conflict(
+            f"checkpoint {step} is {ck.status} in generation {ck.generation}; the job is in "
+            f"generation {job.generation} (it rolled back or failed since)"
+        )
     if ck.persisted < job.world_size:
         raise Conflict(
             f"checkpoint {step}: only {ck.persisted} of {job.world_size} ranks persisted"
@@ -148,6 +166,48 @@ def commit(job: Job, step: int, body: CommitReport, now: float) -> tuple[Checkpo
     changes.checkpoint(ck)
     changes.committed += 1
     return checkpoint_public(job, ck), changes
+
+
+def restored(job: Job, rank: int, body: RestoredReport, now: float) -> tuple[RestorePoint, Changes]:
+    """``rank`` restored ``body.step`` where its registration advised ``body.advised``:
+    storage does not confirm the steps committed here above the one restored (their
+    ``MANIFEST.json`` is missing or unreadable: a commit accepted but never written). They
+    are abandoned, so that the restore point is what storage holds, and the schedule
+    restarts from it. A restored step at or above the advised one changes nothing.
+
+    Raises:
+        NotFound: an unknown rank.
+        Conflict: a generation other than the job's.
+    """
+    check_rank(job, rank)
+    if body.generation != job.generation:
+        raise Conflict(
+            f"generation {body.generation} is not the job's current generation {job.generation}"
+        )
+    changes = Changes()
+    low = -1 if body.step is None else body.step
+    if body.advised is None or low >= body.advised:
+        return restore_point(job), changes
+    gone = [
+        ck
+        for ck in job.checkpoints.values()
+        if low < ck.step <= body.advised and ck.status == COMMITTED
+    ]
+    for ck in gone:
+        ck.status = ABANDONED
+        changes.checkpoint(ck)
+    job.ram = {s: holders for s, holders in job.ram.items() if s <= low}
+    job.jit = {s for s in job.jit if s <= low}
+    base = restart_schedule(job) or 0
+    t = job.ranks
+    for r in range(job.world_size):
+        if t.generation[r] == job.generation and t.start_step[r] > base:
+            t.start_step[r] = t.step[r] = base
+            changes.rank(r)
+    changes.job = True
+    detail = {"advised": body.advised, "restored": body.step, "abandoned": len(gone)}
+    changes.event(job, EventKind.RESTORE_POINT_CORRECTED, now, rank, detail)
+    return restore_point(job), changes
 
 
 def learn_commits(job: Job, steps: Iterable[int], now: float) -> Changes:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from checkflow_server.domain.changes import Changes
+
 
 class NotFound(LookupError):
     """Unknown job, rank or step (HTTP 404)."""
@@ -9,3 +14,13 @@ class NotFound(LookupError):
 
 class Conflict(RuntimeError):
     """The request contradicts the job's state, e.g. a stale generation (HTTP 409)."""
+
+
+class StaleGeneration(Conflict):
+    """A report from a generation the job has left (HTTP 409). ``changes`` holds the one
+    fact such a report proves, that its rank heard of the new generation (state
+    ``aborted``); nothing it reports is recorded."""
+
+    def __init__(self, message: str, changes: Changes) -> None:
+        super().__init__(message)
+        self.changes = changes

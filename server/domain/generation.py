@@ -31,10 +31,7 @@ def new_generation(
         if ck.status == CheckpointStatus.IN_PROGRESS:
             ck.status = CheckpointStatus.ABANDONED
             changes.checkpoint(ck)
-    restore = job.restore_step()
-    base = restore or 0
-    job.schedule = Schedule(anchor=base + job.schedule.interval, interval=job.schedule.interval)
-    job.max_step = base
+    restore = restart_schedule(job)
     changes.job = True
     detail: dict[str, Any] = {"reason": reason, "restore_step": restore}
     if recovery is not None:
@@ -44,6 +41,15 @@ def new_generation(
             "failed_ranks": recovery.ranks,
         }
     changes.event(job, EventKind.GENERATION_STARTED, now, None, detail)
+
+
+def restart_schedule(job: Job) -> int | None:
+    """The schedule restarts from the restore point (returned): the ranks train on from it."""
+    restore = job.restore_step()
+    base = restore or 0
+    job.schedule = Schedule(anchor=base + job.schedule.interval, interval=job.schedule.interval)
+    job.max_step = base
+    return restore
 
 
 def declare_failed(

@@ -1,8 +1,9 @@
 """Rules for ranks: registration, heartbeats (one rank or a node's), finishing, failure
 detection, and the grace period after a coordinator restart.
 
-A rank is watched by the failure detector while alive; a report that comes from an older
-generation (or from a rank no longer alive in it) is answered ``abort``.
+A rank is watched by the failure detector while alive. A rank's heartbeat from an older
+generation is refused (409: fenced, see :func:`_refuse_stale`); in a node's heartbeat, and
+from a rank no longer alive in its generation, a report is answered ``abort``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from checkflow_server.domain.changes import Changes, EventKind
-from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.domain.errors import Conflict, NotFound, StaleGeneration
 from checkflow_server.domain.generation import declare_failed, silent_for
 from checkflow_server.domain.progress import detect_hangs, note_progress, note_trained
 from checkflow_server.domain.state import Job
@@ -116,6 +117,8 @@ def record_heartbeats(
     t = job.ranks
     actions: list[Action] = []
     changes = Changes(heartbeats_received=len(reports))
+    if node is None and reports[0][1].generation < g:
+        _refuse_stale(job, *reports[0], changes)
     max_step = job.max_step
     for r, hb in reports:
         if hb.generation != g or t.generation[r] != g or t.state[r] != ALIVE:
@@ -141,6 +144,22 @@ def record_heartbeats(
         changes.heartbeats.append(r)
     job.max_step = max_step
     return actions, changes
+
+
+def _refuse_stale(job: Job, rank: int, hb: Heartbeat, changes: Changes) -> None:
+    """A rank's heartbeat from a generation the job left: 409 (its client aborts, exit 75);
+    of all it says only that its rank heard of the end of its generation is recorded.
+    A node's heartbeat is answered ``abort`` per stale rank instead (its other ranks'
+    reports count)."""
+    t = job.ranks
+    if t.generation[rank] == hb.generation and t.state[rank] == ALIVE:
+        t.unwatch(rank, RankState.ABORTED)
+        changes.rank(rank)
+    raise StaleGeneration(
+        f"rank {rank}: generation {hb.generation} ended: the job moved to generation "
+        f"{job.generation}; abort and register again",
+        changes,
+    )
 
 
 def finish(job: Job, rank: int, body: FinishRequest, now: float) -> tuple[RankPublic, Changes]:

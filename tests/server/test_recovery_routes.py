@@ -142,7 +142,7 @@ def test_a_commit_whose_report_was_lost_is_the_restore_point_of_the_next_generat
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
-    settings = Settings(db=tmp_path / "c.db", token=None, sync_storage=True)
+    settings = Settings(db=tmp_path / "c.db", token=None, sync_storage=True, storage_allow=["file"])
     with TestClient(create_app(settings)) as c:
         make_job(c, world=2, storage_uri=str(root))
         register_all(c, "j", 2)
@@ -161,7 +161,7 @@ def test_a_commit_whose_report_was_lost_is_the_restore_point_of_the_next_generat
 
 def test_a_roll_back_is_not_undone_by_a_commit_found_later(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
-    settings = Settings(db=tmp_path / "c.db", token=None, sync_storage=True)
+    settings = Settings(db=tmp_path / "c.db", token=None, sync_storage=True, storage_allow=["file"])
     with TestClient(create_app(settings)) as c:
         make_job(c, world=1, storage_uri=str(root))
         register_all(c, "j", 1)

@@ -11,7 +11,7 @@ import math
 import pytest
 from checkflow_server.domain import checkpoints, jobs, ranks, tuning
 from checkflow_server.domain.changes import EventKind
-from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.domain.errors import Conflict, NotFound, StaleGeneration
 from checkflow_server.domain.state import Job
 
 from checkflow.policy import Profile, choose_interval
@@ -90,10 +90,13 @@ def test_a_crashed_rank_registering_again_starts_a_generation_and_others_abort()
     ]
     assert job.checkpoints[20].status == CheckpointStatus.ABANDONED
     assert list(changes.checkpoints) == [20] and changes.job
-    stale = Heartbeat(generation=1, step=21)
-    reply, changes = ranks.rank_heartbeat(job, 0, stale, 111.0)
-    assert reply.action == Action.ABORT and job.ranks.state[0] == RankState.ABORTED
-    assert list(changes.ranks) == [0] and changes.heartbeats == []
+    stale, step_before = Heartbeat(generation=1, step=21), job.ranks.step[0]
+    with pytest.raises(StaleGeneration, match="moved to generation 2") as refused:
+        ranks.rank_heartbeat(job, 0, stale, 111.0)
+    # Fenced: only that rank 0 heard its generation ended is recorded, not its step.
+    changes = refused.value.changes
+    assert job.ranks.state[0] == RankState.ABORTED and job.ranks.step[0] == step_before
+    assert list(changes.ranks) == [0] and changes.heartbeats == [] and not changes.events
 
 
 def test_recovery_ends_when_every_rank_registered_in_the_new_generation() -> None:

@@ -16,6 +16,8 @@ from checkflow.protocol import (
     CommitReport,
     PartReply,
     PartReport,
+    RestoredReport,
+    RestorePoint,
     paths,
 )
 
@@ -37,6 +39,17 @@ async def commit(
     job: str, step: StepPath, body: CommitReport, coordinator: CoordinatorDep
 ) -> CheckpointPublic:
     return coordinator.commit(job, step, body)
+
+
+@router.post(
+    paths.RESTORED,
+    summary="A rank restored another step than advised: the restore point is corrected",
+)
+async def restored(
+    job: str, rank: RankPath, body: RestoredReport, coordinator: CoordinatorDep
+) -> RestorePoint:
+    """Storage is the truth: committed steps above the one the rank could read go."""
+    return coordinator.restored(job, rank, body)
 
 
 @router.get(paths.CHECKPOINTS, summary="Checkpoints of the job, newest first")
