@@ -79,7 +79,7 @@ class ApiRanks:
         replies = self.persist(step, nbytes, ranks, kind)
         committer = next(r for r, p in zip(ranks, replies, strict=True) if p.must_commit)
         path = paths.path(paths.COMMIT, job=self.job, step=step)
-        reply = self._send("POST", path, CommitReport(rank=committer))
+        reply = self._send("POST", path, CommitReport(rank=committer, generation=self.generation))
         return CheckpointPublic.model_validate(reply)
 
     def crash(self, rank: int, seconds_ago: float) -> None:
