@@ -85,6 +85,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="then one more /login try per S seconds (default 6)",
     )
+    _configure_jobs(parser)
+    parser.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _configure_jobs(parser: argparse.ArgumentParser) -> None:
+    """How the coordinator treats jobs: hangs, and the storage it may read itself."""
     parser.add_argument(
         "--hang-timeout",
         dest="hang_timeout_s",
@@ -100,7 +106,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="storage the coordinator may list itself to learn commits (repeatable, e.g. "
         "s3://my-bucket or file); default none: it never reads a job's storage_uri",
     )
-    parser.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
 
 
 def run(args: argparse.Namespace) -> int:
