@@ -16,12 +16,16 @@ becomes ``{"model": model_sd, "optim": optim_sd}`` in DCP, so load with::
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from checkflow.restore import load
+from checkflow.dcp_pickle import RefusedPickleError, SafeFileSystemReader, SafeLoadPlanner
+from checkflow.restore import UntrustedCheckpointError, load
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +50,60 @@ def export_dcp(
         NoCheckpointError: nothing is committed (at ``step``).
         UntrustedCheckpointError: an object is a pickle and ``trust`` is False.
     """
-    import torch.distributed.checkpoint as dcp
-
     state = load(uri, step, storage_options=storage_options, trust=trust)
     meta = state.pop(_META_KEY, {})
     state.pop(_RNG_KEY, None)
     written = int(meta.get("step", step or 0))
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(out_dir)))
+    out = Path(out_dir).absolute()
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        # Into a hidden sibling first: a full disk or a crash leaves no partial folder
+        # under the name a user (or dcp.load) would read.
+        tmp.mkdir()
+        _save(state, tmp)
+        _move_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log.info("exported step %d of %s as DCP to %s", written, uri, out_dir)
     return written
+
+
+def _save(state: dict[str, Any], folder: Path) -> None:
+    """``dcp.save`` into ``folder``; a write failure (full disk) raises its ``OSError``
+    rather than DCP's ``CheckpointException``, which is not even an ``Exception``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)))
+    except CheckpointException as e:
+        cause = _cause(e, OSError)
+        if isinstance(cause, OSError):
+            raise OSError(cause.errno, cause.strerror, str(folder)) from e
+        raise
+
+
+def _cause(e: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` among the ranks' failures of DCP's ``CheckpointException``."""
+    for failure in getattr(e, "failures", {}).values():
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(cause, kind):
+            return cause
+    return None
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``out``; an old ``out`` (``--force``) is moved
+    aside first and removed only once the new one is in place."""
+    old = None
+    if out.exists() and any(out.iterdir()):
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(out, old)
+    elif out.exists():
+        out.rmdir()  # empty: nothing to keep
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def import_dcp(
@@ -64,15 +112,45 @@ def import_dcp(
     *,
     step: int = 0,
     storage_options: dict[str, Any] | None = None,
+    trust: bool = False,
 ) -> int:
     """Read the DCP checkpoint in ``dcp_dir`` and commit it as ``step`` under ``uri``.
 
     Each top-level DCP key becomes a state name (``model``, ``optim``...). Returns ``step``.
+
+    Args:
+        trust: read DCP's pickles as torch does (``pickle.load``), which runs any code they
+            name. Without it only DCP's own metadata classes and ``weights_only`` values are
+            read (``checkflow.dcp_pickle``).
+
+    Raises:
+        UntrustedCheckpointError: a pickle names anything else, and ``trust`` is False.
     """
+    try:
+        return _import_dcp(dcp_dir, uri, step, storage_options, trust)
+    except RefusedPickleError as e:
+        raise UntrustedCheckpointError(
+            f"{dcp_dir} is refused: its {e.what} names {e.name:.200}, which dcp.save never "
+            "writes, and unpickling it could run code; if you trust whoever wrote it, pass "
+            "--trust to 'checkflow import-dcp' (trust=True to import_dcp())"
+        ) from None
+
+
+def _import_dcp(
+    dcp_dir: str | Path,
+    uri: str,
+    step: int,
+    storage_options: dict[str, Any] | None,
+    trust: bool,
+) -> int:
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(str(dcp_dir))
+    if trust:
+        reader, planner = dcp.FileSystemReader(str(dcp_dir)), None
+    else:
+        reader, planner = SafeFileSystemReader(str(dcp_dir)), SafeLoadPlanner()
     metadata = reader.read_metadata()
     flat: dict[str, Any] = {}
     for key, item in metadata.state_dict_metadata.items():
@@ -80,7 +158,13 @@ def import_dcp(
             flat[key] = torch.empty(item.size, dtype=item.properties.dtype)
         else:
             flat[key] = None  # bytes entries (ints, lists) are filled in by load
-    dcp.load(flat, storage_reader=reader)
+    try:
+        dcp.load(flat, storage_reader=reader, planner=planner)
+    except CheckpointException as e:  # DCP wraps what each rank raised, ours included
+        refused = _cause(e, RefusedPickleError)
+        if refused is None:
+            raise
+        raise refused from None
     paths = metadata.planner_data or {}
     nested: dict[str, Any] = {}
     for key, value in flat.items():

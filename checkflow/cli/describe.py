@@ -26,6 +26,16 @@ def object_leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
             yield name, short(leaf)
 
 
+def pickled_leaves(value: Any) -> list[str]:
+    """Dotted names of the leaves of a skeleton read ``opaque`` that are stored pickles
+    (``*`` when the whole skeleton is one, as an older checkflow wrote it)."""
+    from checkflow.objects import OpaqueObject
+
+    if isinstance(value, OpaqueObject):
+        return ["*"]
+    return [name for name, leaf in tree.iter_leaves(value, "") if isinstance(leaf, OpaqueObject)]
+
+
 def short(value: Any, limit: int = 60) -> str:
     """One line of at most ``limit`` characters that says what ``value`` is."""
     if isinstance(value, list | tuple):

@@ -14,6 +14,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dcp_dir", metavar="DCP_DIR", help="folder written by dcp.save")
     add_uri(parser)  # after DCP_DIR: data flows from the first to the second
     parser.add_argument("--step", type=int, default=0, help="the step to commit it as (default 0)")
+    parser.add_argument(
+        "--trust",
+        action="store_true",
+        help="read DCP's pickles as torch does, even those naming classes dcp.save never "
+        "writes; this runs code from the folder: only for one you trust",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_options)
     if args.step in scan(Storage(args.uri, storage_options=options)).folders:
         raise CliError(f"{args.uri} already has a step {args.step}; pick another --step")
-    step = import_dcp(args.dcp_dir, args.uri, step=args.step, storage_options=options)
+    step = import_dcp(
+        args.dcp_dir, args.uri, step=args.step, storage_options=options, trust=args.trust
+    )
     line(f"imported {args.dcp_dir} into {args.uri} as step {step}")
     return EXIT_OK
 

@@ -13,8 +13,10 @@ option), in which case nothing was changed. Expected errors print one line,
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+import unicodedata
 from collections.abc import Collection, Iterable, Sequence
 
 from rich.console import Console
@@ -60,9 +62,34 @@ def console(*, stderr: bool = False) -> Console:
     )
 
 
+def escape(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``), never raw.
+
+    Names, file names and manifest fields come from a checkpoint, which is input: an ESC or
+    BEL in a tensor name would otherwise retitle, clear or rewrite the user's terminal, and a
+    newline would forge an output row. Everything the CLI prints passes through here.
+    ``keep_newlines`` is for text the CLI composed itself across several lines.
+    """
+    return "".join(_escape_char(ch, keep_newlines) for ch in text)
+
+
+def _escape_char(ch: str, keep_newlines: bool) -> str:
+    if ch == "\n" and keep_newlines:
+        return ch
+    # Cc: C0/C1 controls and DEL; Cf: bidi overrides and other invisible formatting;
+    # Zl/Zp: line and paragraph separators, which terminals may break lines on.
+    if unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp"):
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def line(text: str = "") -> None:
-    """One line on stdout, flushed (``serve`` prints its address before blocking)."""
-    print(text, flush=True)
+    """One line on stdout, flushed (``serve`` prints its address before blocking).
+
+    Control characters are escaped (:func:`escape`): the text may hold checkpoint names.
+    """
+    print(escape(text, keep_newlines=True), flush=True)
 
 
 def table(
@@ -86,12 +113,13 @@ def table(
 
 
 def cell(value: object) -> str:
-    """A table cell: ``-`` for None, three significant digits for a float."""
+    """A table cell: ``-`` for None, three significant digits for a float; control
+    characters escaped (:func:`escape`), newlines included, so a cell stays on its row."""
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.3g}"
-    return str(value)
+    return escape(str(value))
 
 
 # -- times, sizes, steps ---------------------------------------------------------------------
@@ -130,7 +158,28 @@ def fmt_shape(shape: Sequence[int]) -> str:
 # -- errors ----------------------------------------------------------------------------------
 def error(message: str) -> None:
     """``checkflow: error: <message>`` on stderr, on one line whatever the message holds."""
-    print(f"checkflow: error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"checkflow: error: {escape(' '.join(message.split()))}", file=sys.stderr)
+
+
+def write_failed(path: str, e: BaseException) -> CliError:
+    """One line for an output that could not be written (full disk, read-only folder, no
+    permission): the path and the reason, exit 1. Nothing was left under ``path``."""
+    reason = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else str(e)
+    return CliError(
+        f"cannot write {path}: {reason.splitlines()[0] if reason else type(e).__name__}; "
+        "nothing was written there (free space, or choose a writable --out)",
+        EXIT_FAILED,
+    )
+
+
+def disk_full(folder: str, margin: int = 1 << 20) -> bool:
+    """Whether ``folder``'s filesystem has less than ``margin`` bytes left for us: torch.save
+    reports a full disk only as ``RuntimeError: ... unexpected pos``."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < margin
 
 
 TOKEN_ON_COMMAND_LINE = (
@@ -178,6 +227,8 @@ def explain(e: Exception, uri: str | None) -> tuple[int | None, str]:
         return EXIT_FAILED, f"{e}; run 'checkflow verify {uri} --all'"
     if isinstance(e, StorageError):
         return EXIT_USAGE, f"{e}; check the URI and any --storage-option values"
+    if isinstance(e, OSError) and e.errno and e.filename:
+        return EXIT_FAILED, f"{e.filename}: {os.strerror(e.errno)}"
     if isinstance(e, ValueError | OSError):
         return EXIT_USAGE, str(e)
     return None, ""

@@ -8,8 +8,10 @@ leaves a partial file, and without ``--force`` an existing file is never replace
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +22,8 @@ from checkflow.cli.arguments import (
     open_root,
     parse_storage_options,
 )
-from checkflow.cli.describe import jsonable
-from checkflow.cli.output import EXIT_OK, CliError, human_bytes, line
+from checkflow.cli.describe import jsonable, pickled_leaves
+from checkflow.cli.output import EXIT_OK, CliError, disk_full, human_bytes, line, write_failed
 from checkflow.cli.progress import ByteProgress
 
 if TYPE_CHECKING:
@@ -82,7 +84,8 @@ def _restore_file(args: argparse.Namespace, out: str) -> int:
 
     storage = open_root(args)
     step = resolve_step(storage, args.step)
-    reader = CheckpointReader(storage, trust=args.trust)
+    # A safetensors file holds no pickles, so its restore never unpickles, even with --trust.
+    reader = CheckpointReader(storage, trust=args.trust and args.format == "torch")
     g = reader.manifest(step)
     with ByteProgress(g.nbytes, f"restore step {step}", enabled=args.progress) as bar:
         reader.progress = bar
@@ -94,6 +97,8 @@ def _restore_file(args: argparse.Namespace, out: str) -> int:
         write_file_atomic(out, write, replace=args.force)
     except FileExistsError:
         raise CliError(f"{out} appeared while restoring; pass --force to replace it") from None
+    except OSError as e:
+        raise write_failed(out, e) from None
     line(
         f"restored step {step} from {args.uri} to {out} "
         f"({args.format}, {human_bytes(os.path.getsize(out))})"
@@ -114,7 +119,10 @@ def _restore_dcp(args: argparse.Namespace, out: str) -> int:
 
     step = resolve_step(open_root(args), args.step)
     options = parse_storage_options(args.storage_options)
-    written = export_dcp(args.uri, step, out, storage_options=options, trust=args.trust)
+    try:
+        written = export_dcp(args.uri, step, out, storage_options=options, trust=args.trust)
+    except OSError as e:
+        raise write_failed(out, e) from None
     line(f"restored step {written} from {args.uri} to {out} (dcp)")
     return EXIT_OK
 
@@ -158,13 +166,20 @@ def _torch_writer(state_dicts: dict[str, Any]) -> Callable[[str], None]:
     import torch
 
     def write(path: str) -> None:
-        torch.save(state_dicts, path)
+        try:
+            torch.save(state_dicts, path)
+        except RuntimeError as e:
+            # torch's zip writer turns ENOSPC into "unexpected pos"; say what happened.
+            if disk_full(os.path.dirname(path)):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) from e
+            raise
 
     return write
 
 
 def _safetensors_writer(reader: CheckpointReader, step: int, uri: str) -> Callable[[str], None]:
     try:
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
     except ImportError as e:
         raise CliError(
@@ -172,18 +187,33 @@ def _safetensors_writer(reader: CheckpointReader, step: int, uri: str) -> Callab
         ) from e
     tensors = {k: v.contiguous() for k, v in reader.tensors(step).items()}
     g = reader.manifest(step)
+    skeleton = reader.skeleton(step, 0, opaque=True)
+    left_out = pickled_leaves(skeleton)
+    if left_out:
+        line(
+            f"left out of the safetensors file: {len(left_out)} object(s) stored as pickles "
+            f"({', '.join(left_out)}); a safetensors restore never unpickles: use "
+            "--format torch --trust to keep them"
+        )
     metadata = {
         "format": "pt",
         "checkflow.step": str(step),
         "checkflow.source": uri,
         "checkflow.kind": g.kind,
         "checkflow.world_size": str(g.world_size),
-        "checkflow.skeleton": json.dumps(jsonable(reader.skeleton(step, 0, opaque=True))),
+        "checkflow.skeleton": json.dumps(jsonable(skeleton)),
     }
 
     def write(path: str) -> None:
         try:
             save_file(tensors, path, metadata=metadata)
+        except SafetensorError as e:
+            # Its Rust writer reports I/O failures as text: "... (os error 28)".
+            found = re.search(r"os error (\d+)", str(e))
+            if found:
+                code = int(found.group(1))
+                raise OSError(code, os.strerror(code), path) from e
+            raise CliError(f"safetensors cannot write this checkpoint ({e})") from e
         except (ValueError, TypeError, RuntimeError) as e:
             raise CliError(
                 f"safetensors cannot store this checkpoint ({e}); use --format torch"
