@@ -26,6 +26,7 @@ import torch
 
 from checkflow.dcp_pickle import RefusedPickleError, SafeFileSystemReader, SafeLoadPlanner
 from checkflow.restore import UntrustedCheckpointError, load
+from checkflow.storage import write_error
 
 log = logging.getLogger(__name__)
 
@@ -69,27 +70,35 @@ def export_dcp(
 
 
 def _save(state: dict[str, Any], folder: Path) -> None:
-    """``dcp.save`` into ``folder``; a write failure (full disk) raises its ``OSError``
-    rather than DCP's ``CheckpointException``, which is not even an ``Exception``."""
+    """``dcp.save`` into ``folder``; a write failure (full disk, read-only folder) raises its
+    ``OSError`` rather than DCP's ``CheckpointException``, which is not even an
+    ``Exception``, around torch's ``RuntimeError: ... unexpected pos``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)))
     except CheckpointException as e:
-        cause = _cause(e, OSError)
-        if isinstance(cause, OSError):
-            raise OSError(cause.errno, cause.strerror, str(folder)) from e
+        for failure in _failures(e):
+            cause = write_error(failure)
+            if cause is not None:
+                raise OSError(cause.errno, cause.strerror, str(folder)) from e
         raise
+
+
+def _failures(e: BaseException) -> list[BaseException]:
+    """What each rank raised, from DCP's ``CheckpointException`` (rank order)."""
+    found = []
+    for _, failure in sorted(getattr(e, "failures", {}).items()):
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(cause, BaseException):
+            found.append(cause)
+    return found
 
 
 def _cause(e: BaseException, kind: type[BaseException]) -> BaseException | None:
     """The first ``kind`` among the ranks' failures of DCP's ``CheckpointException``."""
-    for failure in getattr(e, "failures", {}).values():
-        cause = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(cause, kind):
-            return cause
-    return None
+    return next((f for f in _failures(e) if isinstance(f, kind)), None)
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:

@@ -172,16 +172,6 @@ def write_failed(path: str, e: BaseException) -> CliError:
     )
 
 
-def disk_full(folder: str, margin: int = 1 << 20) -> bool:
-    """Whether ``folder``'s filesystem has less than ``margin`` bytes left for us: torch.save
-    reports a full disk only as ``RuntimeError: ... unexpected pos``."""
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < margin
-
-
 TOKEN_ON_COMMAND_LINE = (
     "--token shows the token to every user of this machine (/proc/PID/cmdline); use "
     "--token-file PATH or CHECKFLOW_TOKEN instead (--token goes away in a later release)"
@@ -191,7 +181,7 @@ TOKEN_ON_COMMAND_LINE = (
 
 def warning(message: str) -> None:
     """``checkflow: warning: <message>`` on stderr, on one line."""
-    print(f"checkflow: warning: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    print(f"checkflow: warning: {escape(' '.join(message.split()))}", file=sys.stderr, flush=True)
 
 
 def explain(e: Exception, uri: str | None) -> tuple[int | None, str]:

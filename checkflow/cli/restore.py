@@ -8,7 +8,6 @@ leaves a partial file, and without ``--force`` an existing file is never replace
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import re
@@ -23,7 +22,7 @@ from checkflow.cli.arguments import (
     parse_storage_options,
 )
 from checkflow.cli.describe import jsonable, pickled_leaves
-from checkflow.cli.output import EXIT_OK, CliError, disk_full, human_bytes, line, write_failed
+from checkflow.cli.output import EXIT_OK, CliError, human_bytes, line, write_failed
 from checkflow.cli.progress import ByteProgress
 
 if TYPE_CHECKING:
@@ -165,14 +164,18 @@ def _check_out(out: str, force: bool) -> None:
 def _torch_writer(state_dicts: dict[str, Any]) -> Callable[[str], None]:
     import torch
 
+    from checkflow.storage import write_error
+
     def write(path: str) -> None:
         try:
-            torch.save(state_dicts, path)
+            with open(path, "wb") as f:  # a file of ours: torch keeps its OSError as context
+                torch.save(state_dicts, f)
         except RuntimeError as e:
-            # torch's zip writer turns ENOSPC into "unexpected pos"; say what happened.
-            if disk_full(os.path.dirname(path)):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) from e
-            raise
+            # torch's zip writer turns ENOSPC/EFBIG into "unexpected pos"; say what happened.
+            cause = write_error(e)
+            if cause is None:
+                raise
+            raise OSError(cause.errno, cause.strerror, path) from e
 
     return write
 

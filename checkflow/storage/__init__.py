@@ -15,7 +15,7 @@ store rejects, access denied, no such bucket) fail at once as :class:`StorageAcc
 Retry warnings are logged as ``checkflow.storage``.
 """
 
-from checkflow.storage.atomic import fsync_dir, write_file_atomic
+from checkflow.storage.atomic import fsync_dir, write_error, write_file_atomic
 from checkflow.storage.errors import Failure, StorageAccessError, StorageError, classify_error
 from checkflow.storage.store import DEFAULT_BACKOFF_S, DEFAULT_RETRIES, Storage
 
@@ -28,5 +28,6 @@ __all__ = [
     "StorageError",
     "classify_error",
     "fsync_dir",
+    "write_error",
     "write_file_atomic",
 ]

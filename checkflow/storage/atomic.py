@@ -59,6 +59,22 @@ def _link_no_clobber(tmp: str, target: str) -> None:
         os.replace(tmp, target)
 
 
+def write_error(e: BaseException) -> OSError | None:
+    """The ``OSError`` (full disk, read-only folder, file too large) behind a failed write.
+
+    Writers in C++ hide it: ``torch.save`` into a Python file turns the file's ``OSError``
+    into ``RuntimeError: ... unexpected pos`` and keeps the real one only as its context,
+    and DCP wraps that again. The chain is walked iteratively and at most 32 links deep (a
+    cycle or a long chain is not followed further); None when no ``OSError`` is in it.
+    """
+    seen: BaseException | None = e
+    for _ in range(32):
+        if seen is None or isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def fsync_dir(folder: str) -> None:
     """Make a rename in ``folder`` durable (best effort: not every OS can open a folder)."""
     # The rename is durable only once the folder entry is; not every OS lets us open one.
