@@ -19,6 +19,9 @@ import logging
 import os
 import shutil
 import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +80,23 @@ def _save(state: dict[str, Any], folder: Path) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)))
+        with _one_process():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)))
     except CheckpointException as e:
         for failure in _failures(e):
             cause = write_error(failure)
             if cause is not None:
                 raise OSError(cause.errno, cause.strerror, str(folder)) from e
         raise
+
+
+@contextmanager
+def _one_process() -> Iterator[None]:
+    """Silence DCP's warning that no process group is set up: a single-process export or
+    import is what is meant here, and the CLI prints one line, not torch's warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _failures(e: BaseException) -> list[BaseException]:
@@ -168,7 +181,8 @@ def _import_dcp(
         else:
             flat[key] = None  # bytes entries (ints, lists) are filled in by load
     try:
-        dcp.load(flat, storage_reader=reader, planner=planner)
+        with _one_process():
+            dcp.load(flat, storage_reader=reader, planner=planner)
     except CheckpointException as e:  # DCP wraps what each rank raised, ours included
         refused = _cause(e, RefusedPickleError)
         if refused is None:
