@@ -56,6 +56,10 @@ class RefusedPickleError(pickle.UnpicklingError):
         self.name = name
 
 
+class DamagedPickleError(ValueError):
+    """A DCP pickle is truncated, garbage, or not what DCP writes there."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name in _METADATA_CLASSES.get(module, ()):
@@ -73,11 +77,16 @@ def load_metadata(stream: IO[bytes]) -> Metadata:
 
     Raises:
         RefusedPickleError: the pickle names anything else.
-        pickle.UnpicklingError: the pickle is damaged, or holds no ``Metadata``.
+        DamagedPickleError: the pickle is damaged, or holds no ``Metadata``.
     """
-    metadata = _MetadataUnpickler(stream).load()
+    try:
+        metadata = _MetadataUnpickler(stream).load()
+    except RefusedPickleError:
+        raise
+    except Exception as e:  # truncated, garbage, or DCP's classes called with wrong arguments
+        raise DamagedPickleError(f".metadata cannot be read ({type(e).__name__}: {e})") from e
     if not isinstance(metadata, Metadata):
-        raise pickle.UnpicklingError(f".metadata holds a {type(metadata).__name__}, not Metadata")
+        raise DamagedPickleError(f".metadata holds a {type(metadata).__name__}, not Metadata")
     return metadata
 
 

@@ -27,7 +27,12 @@ from typing import Any
 
 import torch
 
-from checkflow.dcp_pickle import RefusedPickleError, SafeFileSystemReader, SafeLoadPlanner
+from checkflow.dcp_pickle import (
+    DamagedPickleError,
+    RefusedPickleError,
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+)
 from checkflow.restore import UntrustedCheckpointError, load
 from checkflow.storage import write_error
 
@@ -147,6 +152,7 @@ def import_dcp(
 
     Raises:
         UntrustedCheckpointError: a pickle names anything else, and ``trust`` is False.
+        ValueError: ``.metadata`` is damaged or holds no DCP metadata (``trust`` False).
     """
     try:
         return _import_dcp(dcp_dir, uri, step, storage_options, trust)
@@ -155,6 +161,11 @@ def import_dcp(
             f"{dcp_dir} is refused: its {e.what} names {e.name:.200}, which dcp.save never "
             "writes, and unpickling it could run code; if you trust whoever wrote it, pass "
             "--trust to 'checkflow import-dcp' (trust=True to import_dcp())"
+        ) from None
+    except DamagedPickleError as e:
+        raise ValueError(
+            f"{dcp_dir} is not a readable DCP checkpoint: its {e}; import the folder "
+            "dcp.save wrote, whole"
         ) from None
 
 

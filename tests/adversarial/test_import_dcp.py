@@ -107,3 +107,56 @@ def test_import_dcp_reads_a_real_dcp_folder_without_trust(
     assert torch.equal(got["model"]["w"], state["model"]["w"])
     assert got["model"]["b"].dtype == torch.bfloat16
     assert got["meta"] == {"epoch": 3, "tags": [1, 2.5, "x"]}
+
+
+class RunsExec:
+    """Unpickling it runs Python source: ``builtins.exec`` in the pickle."""
+
+    def __init__(self, canary: Path) -> None:
+        self.canary = canary
+
+    def __reduce__(self) -> Any:
+        return (exec, (f"open({str(self.canary)!r}, 'w').close()",))
+
+
+def test_import_dcp_refuses_a_metadata_that_is_one_exec_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, canary, uri = tmp_path / "dcp", tmp_path / "canary", str(tmp_path / "root")
+    real_dcp(folder)
+    (folder / ".metadata").write_bytes(pickle.dumps(RunsExec(canary)))
+
+    code, out, err = cli(capsys, "import-dcp", str(folder), uri)
+
+    assert (code, out) == (EXIT_USAGE, "")
+    assert not canary.exists()
+    assert err == (
+        f"checkflow: error: {folder} is refused: its .metadata names builtins.exec, which "
+        "dcp.save never writes, and unpickling it could run code; if you trust whoever wrote "
+        "it, pass --trust to 'checkflow import-dcp' (trust=True to import_dcp())\n"
+    )
+    assert not Path(uri).exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\x80\x04garbage", "cannot be read (UnpicklingError: "),
+        (pickle.dumps({"state_dict_metadata": {}}), "holds a dict, not Metadata"),
+        (b"", "cannot be read (EOFError: "),
+    ],
+)
+def test_import_dcp_of_a_damaged_metadata_is_one_line_exit_2(
+    content: bytes, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, uri = tmp_path / "dcp", str(tmp_path / "root")
+    real_dcp(folder)
+    (folder / ".metadata").write_bytes(content)
+
+    code, out, err = cli(capsys, "import-dcp", str(folder), uri)
+
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err.startswith(f"checkflow: error: {folder} is not a readable DCP checkpoint: its ")
+    assert reason in err and err.count("\n") == 1
+    assert err.endswith("; import the folder dcp.save wrote, whole\n")
+    assert not Path(uri).exists()
