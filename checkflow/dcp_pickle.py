@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -96,10 +96,10 @@ class SafeFileSystemReader(dcp.FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as stream:
-            metadata = load_metadata(stream)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+            metadata = load_metadata(cast(IO[bytes], stream))
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
         return metadata
 
 
