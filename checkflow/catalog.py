@@ -9,6 +9,8 @@ import logging
 from dataclasses import dataclass, field
 
 from checkflow import manifest as mf
+from checkflow import validate
+from checkflow.manifest_json import MAX_MANIFEST_BYTES
 from checkflow.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -38,9 +40,7 @@ def scan(storage: Storage) -> Catalog:
         cat.folders.append(step)
         path = f"{name}/{mf.MANIFEST}"
         try:
-            cat.committed[step] = mf.GlobalManifest.from_json(
-                storage.read(path), where=storage.url(path)
-            )
+            cat.committed[step] = read_global(storage, step, folder=name)
         except FileNotFoundError:
             continue  # not committed: invisible
         except (mf.ManifestError, OSError) as e:
@@ -49,6 +49,26 @@ def scan(storage: Storage) -> Catalog:
     cat.folders.sort()
     cat.committed = dict(sorted(cat.committed.items()))
     return cat
+
+
+def read_manifest_bytes(storage: Storage, path: str) -> bytearray:
+    """A manifest's bytes, at most the cap and one byte more (``GlobalManifest.from_json``
+    and ``RankManifest.from_json`` refuse a longer one): a huge file costs no memory."""
+    return storage.read_at_most(path, MAX_MANIFEST_BYTES)
+
+
+def read_global(storage: Storage, step: int, *, folder: str | None = None) -> mf.GlobalManifest:
+    """The validated commit of ``step`` (in ``folder``, its canonical name by default).
+
+    Raises:
+        FileNotFoundError: the step is not committed.
+        ManifestError: the commit is damaged (``validate.DamagedStepError`` says how).
+        OSError: it cannot be read.
+    """
+    path = f"{folder or mf.step_dir(step)}/{mf.MANIFEST}"
+    gm = mf.GlobalManifest.from_json(read_manifest_bytes(storage, path), where=storage.url(path))
+    validate.check_global(gm, step)
+    return gm
 
 
 def committed_steps(storage: Storage) -> dict[int, mf.GlobalManifest]:

@@ -20,6 +20,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from checkflow import manifest_json
+
 FORMAT_VERSION = 1
 MANIFEST = "MANIFEST.json"
 OBJECTS_TREE = "tree-json"
@@ -34,6 +36,49 @@ _STEP_RE = re.compile(r"^step-(\d{9,})$")
 
 class ManifestError(ValueError):
     """A manifest is missing a field, has the wrong version or cannot be parsed."""
+
+
+_CHUNK_TYPES = {
+    "fqn": "str",
+    "dtype": "str",
+    "global_shape": "ints",
+    "offset": "ints",
+    "shape": "ints",
+    "codec": "str",
+    "params": "dict",
+    "file": "str",
+    "byte_offset": "int",
+    "nbytes": "int",
+    "checksum": "str",
+    "base_step": "int?",
+}
+_OBJECT_TYPES = {
+    "fqn": "str",
+    "file": "str",
+    "byte_offset": "int",
+    "nbytes": "int",
+    "checksum": "str",
+    "encoding": "str",
+}
+_RANK_TYPES = {
+    "step": "int",
+    "rank": "int",
+    "world_size": "int",
+    "created": "num",
+    "chunks": "list",
+    "objects": "list",
+    "nbytes": "int",
+}
+_GLOBAL_TYPES = {
+    "step": "int",
+    "world_size": "int",
+    "created": "num",
+    "kind": "str",
+    "base_steps": "ints",
+    "nbytes": "int",
+    "ranks": "strs",
+    "meta": "dict",
+}
 
 
 def step_dir(step: int) -> str:
@@ -121,9 +166,16 @@ class RankManifest:
     ) -> RankManifest:
         raw = _loads(data, where)
         _check_version(raw, where)
+        _typed(raw, _RANK_TYPES, where)
         try:
-            raw["chunks"] = [ChunkEntry(**c) for c in raw.get("chunks", [])]
-            raw["objects"] = [ObjectEntry(**o) for o in raw.get("objects", [])]
+            raw["chunks"] = [
+                ChunkEntry(**_typed(c, _CHUNK_TYPES, f"{where}: chunk {i}"))
+                for i, c in enumerate(raw.get("chunks", []))
+            ]
+            raw["objects"] = [
+                ObjectEntry(**_typed(o, _OBJECT_TYPES, f"{where}: object {i}"))
+                for i, o in enumerate(raw.get("objects", []))
+            ]
             return cls(**raw)
         except TypeError as e:
             raise ManifestError(f"{where}: {e}") from e
@@ -157,6 +209,7 @@ class GlobalManifest:
     def from_json(cls, data: bytes | bytearray | str, *, where: str = MANIFEST) -> GlobalManifest:
         raw = _loads(data, where)
         _check_version(raw, where)
+        _typed(raw, _GLOBAL_TYPES, where)
         try:
             return cls(**raw)
         except TypeError as e:
@@ -168,12 +221,26 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _loads(data: bytes | bytearray | str, where: str) -> dict[str, Any]:
+    """The JSON object of a manifest, parsed within ``manifest_json``'s size and nesting
+    caps: a crafted file can neither exhaust memory nor reach a ``RecursionError``."""
     try:
-        raw = json.loads(data)
+        raw = manifest_json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{where} is not valid JSON ({e}); the file is corrupt") from e
+        raise ManifestError(f"{where} is not a valid manifest ({e}); the file is corrupt") from e
     if not isinstance(raw, dict):
         raise ManifestError(f"{where} is not a JSON object")
+    return raw
+
+
+def _typed(raw: Any, spec: manifest_json.Spec, where: str) -> dict[str, Any]:
+    """``raw`` itself once every field ``spec`` names has its kind; else ``ManifestError``
+    naming the field (a string where a number belongs must not reach arithmetic)."""
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{where} is not a JSON object")
+    try:
+        manifest_json.check_types(raw, spec)
+    except ValueError as e:
+        raise ManifestError(f"{where}: {e}") from None
     return raw
 
 

@@ -68,7 +68,7 @@ class RamCopies:
                 step,
                 storage.uri,
             )
-        reader = CheckpointReader(storage, trust=trust)
+        reader = CheckpointReader(storage, trust=trust, complete=False)
         return read_state_dicts(reader, step, 0, live)
 
 

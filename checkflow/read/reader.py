@@ -23,8 +23,9 @@ from typing import Any
 import torch
 import xxhash
 
-from checkflow import knobs, objects
+from checkflow import knobs, objects, validate
 from checkflow import manifest as mf
+from checkflow.catalog import read_global, read_manifest_bytes
 from checkflow.codec import get_codec
 from checkflow.codec.base import CodecError, dtype_from_name
 from checkflow.read.assemble import assemble
@@ -56,6 +57,9 @@ class CheckpointReader:
         trust: unpickle objects stored as pickles (runs code from the checkpoint).
         direct: read local chunks past the page cache into reused buffers, not mapped
             (``Storage.read``): for a restore whose tensors go on to a device.
+        complete: each step holds every rank's chunks, which must cover each tensor
+            (storage); False for a RAM copy, which holds this rank's shards only. Chunks
+            never overlap either way (``validate.check_layout``).
     """
 
     def __init__(
@@ -65,28 +69,31 @@ class CheckpointReader:
         *,
         trust: bool = False,
         direct: bool = False,
+        complete: bool = True,
     ) -> None:
         self.storage = storage
+        self.complete = complete
         self.progress = progress
         self.trust = trust
         self.buffers = ReadBuffers() if direct else None
         self._globals: dict[int, mf.GlobalManifest] = {}
         self._ranks: dict[tuple[int, int], mf.RankManifest] = {}
         self._boxes: dict[tuple[int, int], dict[tuple[str, tuple[int, ...]], mf.ChunkEntry]] = {}
+        self._laid_out: set[int] = set()
+        """Steps whose chunks passed ``validate.check_layout``."""
         # Chunks decode on several threads; each follows its delta chain through the caches.
         self._lock = threading.Lock()
 
     # -- manifests -------------------------------------------------------------------------
     def manifest(self, step: int) -> mf.GlobalManifest:
+        """The validated commit of ``step`` (``catalog.read_global``)."""
         if step not in self._globals:
-            path = f"{mf.step_dir(step)}/{mf.MANIFEST}"
             try:
-                data = self.storage.read(path)
+                self._globals[step] = read_global(self.storage, step)
             except FileNotFoundError:
                 raise NoCheckpointError(
                     f"no committed checkpoint at step {step} in {self.storage.uri}"
                 ) from None
-            self._globals[step] = mf.GlobalManifest.from_json(data, where=self.storage.url(path))
         return self._globals[step]
 
     def rank_manifest(self, step: int, rank: int) -> mf.RankManifest:
@@ -97,16 +104,25 @@ class CheckpointReader:
                 raise KeyError(f"step {step} was saved by {world} ranks; there is no rank {rank}")
             path = f"{mf.step_dir(step)}/{mf.rank_manifest_name(rank)}"
             try:
-                data = self.storage.read(path)
+                data = read_manifest_bytes(self.storage, path)
             except FileNotFoundError:
                 raise CorruptCheckpointError(
                     step, rank, "*", mf.rank_manifest_name(rank), "rank manifest is missing"
                 ) from None
-            self._ranks[key] = mf.RankManifest.from_json(data, where=self.storage.url(path))
+            rm = mf.RankManifest.from_json(data, where=self.storage.url(path))
+            validate.check_rank(rm, self.manifest(step), step, rank)
+            self._ranks[key] = rm
         return self._ranks[key]
 
     def rank_manifests(self, step: int) -> list[mf.RankManifest]:
-        return [self.rank_manifest(step, r) for r in range(self.manifest(step).world_size)]
+        """Every rank's manifest of ``step``, their chunks checked together once: no two
+        overlap and (``complete``) they cover each tensor."""
+        ranks = [self.rank_manifest(step, r) for r in range(self.manifest(step).world_size)]
+        if step not in self._laid_out:
+            parts = ((rm.rank, c) for rm in ranks for c in rm.chunks)
+            validate.check_layout(step, parts, complete=self.complete)
+            self._laid_out.add(step)
+        return ranks
 
     # -- bytes -----------------------------------------------------------------------------
     def _read_checked(
@@ -132,16 +148,42 @@ class CheckpointReader:
     ) -> torch.Tensor:
         """Decode one chunk, following its delta chain to the base: into ``into`` when
         given (a contiguous tensor of the chunk's dtype and shape, which is returned),
-        else into new memory or a view of the bytes read."""
-        data = self._read_checked(
-            step, rank, entry.fqn, entry.file, entry.byte_offset, entry.nbytes, entry.checksum
-        )
-        base = None
-        if entry.base_step is not None:
-            base = self.chunk(entry.base_step, rank, self._base_entry(entry, rank))
-        codec = get_codec(entry.codec)
-        dtype, shape = dtype_from_name(entry.dtype), tuple(entry.shape)
+        else into new memory or a view of the bytes read.
+
+        The chain is walked iteratively, then decoded from its full base up, holding one
+        base at a time: a chain's length costs neither stack nor memory."""
+        chain = self._chain(step, rank, entry)
+        base: torch.Tensor | None = None
+        for s, e in reversed(chain):
+            data = self._read_checked(s, rank, e.fqn, e.file, e.byte_offset, e.nbytes, e.checksum)
+            base = self._decode(s, rank, e, data, base, into if e is entry else None)
+        assert base is not None
+        return base
+
+    def _chain(self, step: int, rank: int, entry: mf.ChunkEntry) -> list[tuple[int, mf.ChunkEntry]]:
+        """``entry`` and the chunks of its delta chain, newest first, down to a full one."""
+        chain = [(step, entry)]
+        while (base := chain[-1][1].base_step) is not None:
+            s, e = chain[-1]
+            if not base < s or len(chain) > validate.MAX_DELTA_CHAIN:
+                raise CorruptCheckpointError(
+                    s, rank, e.fqn, e.file, f"delta chain from step {step} cycles or is too long"
+                )
+            chain.append((base, self._base_entry(e, rank)))
+        return chain
+
+    def _decode(
+        self,
+        step: int,
+        rank: int,
+        entry: mf.ChunkEntry,
+        data: Buffer,
+        base: torch.Tensor | None,
+        into: torch.Tensor | None,
+    ) -> torch.Tensor:
         try:
+            codec = get_codec(entry.codec)
+            dtype, shape = dtype_from_name(entry.dtype), tuple(entry.shape)
             if into is None:
                 return codec.decode(data, entry.params, dtype=dtype, shape=shape, base=base)
             if into.dtype != dtype or tuple(into.shape) != shape:
@@ -169,7 +211,7 @@ class CheckpointReader:
         found = self._chunk_by_box(entry.base_step, rank, base).get(
             (entry.fqn, tuple(entry.offset))
         )
-        if found is not None:
+        if found is not None and (found.shape, found.dtype) == (entry.shape, entry.dtype):
             return found
         raise CorruptCheckpointError(
             entry.base_step,
@@ -337,12 +379,12 @@ class CheckpointReader:
                     )
                     # Decoded as a description: verify never unpickles, even a trusting reader.
                     self._decode_objects(step, rm.rank, o, data, trust=False, opaque=True)
-                except (CorruptCheckpointError, mf.ManifestError) as e:
+                except RESTORE_ERRORS as e:
                     problems.append(str(e))
             for c in rm.chunks:
                 try:
                     self.chunk(step, rm.rank, c)
-                except CorruptCheckpointError as e:
+                except RESTORE_ERRORS as e:  # what makes a restore fall back, as it does
                     problems.append(str(e))
         return problems
 

@@ -167,6 +167,24 @@ class Storage:
             f"read {self.url(relpath)}", lambda: self._read_once(relpath, start, end, buffers)
         )
 
+    def read_at_most(self, relpath: str, limit: int) -> bytearray:
+        """The whole object, or its first ``limit + 1`` bytes when it is longer: a caller
+        that refuses objects over ``limit`` (a manifest) never holds more than that, however
+        large the object claims to be (a sparse file of 512 MiB costs nothing here).
+
+        Raises:
+            FileNotFoundError: the object does not exist.
+            StorageError: the read failed after ``retries`` attempts.
+        """
+        self.path(relpath)
+        self.reads += 1
+
+        def once() -> bytearray:
+            with self.fs.open(self._uncached(relpath), "rb") as f:
+                return bytearray(f.read(limit + 1))
+
+        return self._retry(f"read {self.url(relpath)}", once)
+
     def _read_once(
         self, relpath: str, start: int, end: int | None, buffers: ReadBuffers | None
     ) -> bytearray:
