@@ -8,9 +8,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from checkflow import knobs, manifest_json, validate
 from checkflow import manifest as mf
-from checkflow import validate
-from checkflow.manifest_json import MAX_MANIFEST_BYTES
 from checkflow.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -52,9 +51,20 @@ def scan(storage: Storage) -> Catalog:
 
 
 def read_manifest_bytes(storage: Storage, path: str) -> bytearray:
-    """A manifest's bytes, at most the cap and one byte more (``GlobalManifest.from_json``
-    and ``RankManifest.from_json`` refuse a longer one): a huge file costs no memory."""
-    return storage.read_at_most(path, MAX_MANIFEST_BYTES)
+    """A manifest's bytes. One larger than ``knobs.max_manifest_bytes()`` is refused on its
+    stated size, before any byte is read (a sparse file of 512 MiB costs nothing); one that
+    grows meanwhile is read to its stated size and one byte more, which ``from_json``
+    refuses when that is over the cap (and otherwise fails to parse: damage).
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        ManifestError: it is larger than the cap.
+    """
+    cap = knobs.max_manifest_bytes()
+    if (size := storage.size(path)) > cap:
+        raise mf.ManifestError(f"{storage.url(path)}: {manifest_json.too_large(size, cap)}")
+    # Asking for the stated size, not the cap: a read of n bytes allocates n up front.
+    return storage.read_at_most(path, size)
 
 
 def read_global(storage: Storage, step: int, *, folder: str | None = None) -> mf.GlobalManifest:
@@ -87,14 +97,15 @@ def retention_plan(
     A base that a kept delta needs is kept, transitively. Folders without a commit are
     deleted only below the newest committed step: above it they may still be in flight.
     ``damaged`` folders (a commit marker that cannot be read) are never deleted: that is
-    evidence for a person to look at, not garbage.
+    evidence for a person to look at, not garbage. A kept delta whose chain reaches a base
+    that is damaged (or gone) may need any older step through it, whose own bases cannot be
+    read: every committed step older than that base is kept too.
     """
     committed = sorted(steps)
     wanted = set(committed[-keep:]) if keep else set(committed)
     todo = list(wanted)
-    while todo:
-        s = todo.pop()
-        for base in steps[s].base_steps if s in steps else []:
+    while todo:  # iterative: a long chain costs no stack
+        for base in _bases(steps, todo.pop(), committed):
             if base not in wanted:
                 wanted.add(base)
                 todo.append(base)
@@ -105,6 +116,18 @@ def retention_plan(
         if s not in wanted and s not in damaged and (s in steps or s < newest)
     ]
     return sorted(wanted), sorted(delete)
+
+
+def _bases(steps: dict[int, mf.GlobalManifest], step: int, committed: list[int]) -> list[int]:
+    """The steps that reading ``step`` may need: its bases, and for a base whose commit is
+    not readable (its bases unknown), every committed step older than that base."""
+    if step not in steps:
+        return []  # damaged or gone: what it needs is covered by its readers, above
+    bases = list(steps[step].base_steps)
+    for b in steps[step].base_steps:
+        if b not in steps:
+            bases.extend(s for s in committed if s < b)
+    return bases
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,8 @@ CHECKFLOW_CHUNK_BYTES          largest encoded box of a tensor (default 64 MiB)
 CHECKFLOW_PERSIST_NICE         added to the persist thread's nice value (default 0)
 CHECKFLOW_DIRECT_IO            1 (default): local checkpoint files bypass the page cache
                                (O_DIRECT, see checkflow.storage.direct); 0: buffered writes
+CHECKFLOW_MAX_MANIFEST_BYTES   largest manifest file a reader reads and parses (default 64 MiB);
+                               a larger one is damage, refused before it is read
 CHECKFLOW_TEST_COMMIT_DELAY_S  fault injection: sleep between the rank manifest and the
                                commit, so a test can kill a process mid-persist
 """
@@ -23,6 +25,8 @@ _DEFAULTS = {
     "CHECKFLOW_PERSIST_NICE": "0",
     "CHECKFLOW_READ_THREADS": "2",
     "CHECKFLOW_DIRECT_IO": "1",
+    # About 200,000 chunk entries of one rank; checkflow's own manifests are far smaller.
+    "CHECKFLOW_MAX_MANIFEST_BYTES": str(64 << 20),
 }
 
 
@@ -32,6 +36,11 @@ def _get(name: str) -> str:
 
 def chunk_bytes() -> int:
     return int(_get("CHECKFLOW_CHUNK_BYTES"))
+
+
+def max_manifest_bytes() -> int:
+    """Largest manifest a reader accepts: it holds at most this many bytes of one."""
+    return max(1, int(_get("CHECKFLOW_MAX_MANIFEST_BYTES")))
 
 
 def read_threads() -> int:

@@ -4,10 +4,12 @@ A manifest is input from whoever wrote the checkpoint folder. ``json.loads`` rec
 per nesting level, so a file of ``[[[[...`` raises ``RecursionError`` (not a ``ValueError``)
 in every reader that parses it; it also builds whatever a file of any size describes. The
 cheap pre-scan here refuses a manifest nested deeper than :data:`MAX_DEPTH` before
-``json.loads`` sees it, and readers read at most :data:`MAX_MANIFEST_BYTES` + 1 bytes.
+``json.loads`` sees it, and readers refuse a file larger than
+``knobs.max_manifest_bytes()`` (``CHECKFLOW_MAX_MANIFEST_BYTES``, 64 MiB) before reading it,
+and read at most that many bytes and one more (``catalog.read_manifest_bytes``).
 
-This module imports nothing of checkflow, so that ``checkflow.manifest`` can use it
-without a cycle; it raises ``ValueError`` and the manifest layer names the file.
+This module imports only ``knobs``, so that ``checkflow.manifest`` can use it without a
+cycle; it raises ``ValueError`` and the manifest layer names the file.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-MAX_MANIFEST_BYTES = 64 << 20
-"""Largest manifest a reader parses (64 MiB: about 200,000 chunk entries of one rank)."""
+from checkflow import knobs
+
 MAX_DEPTH = 64
 """Deepest JSON nesting accepted; checkflow's own manifests nest under 10 levels."""
 
@@ -34,14 +36,19 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
         ValueError: too large, too deep, not UTF-8 or not JSON.
     """
     raw = data.encode() if isinstance(data, str) else bytes(data)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ValueError(
-            f"it is larger than {MAX_MANIFEST_BYTES >> 20} MiB, more than any manifest "
-            "checkflow writes"
-        )
+    if len(raw) > (cap := knobs.max_manifest_bytes()):
+        raise ValueError(too_large(len(raw), cap))
     if nesting_exceeds(raw, MAX_DEPTH):
         raise ValueError(f"it nests deeper than {MAX_DEPTH} levels (or its brackets do not match)")
     return json.loads(raw)
+
+
+def too_large(size: int, cap: int) -> str:
+    """Why a manifest of ``size`` bytes is refused."""
+    return (
+        f"it is {size} bytes, larger than the {cap}-byte cap on manifests "
+        "(CHECKFLOW_MAX_MANIFEST_BYTES); no manifest checkflow writes is that large"
+    )
 
 
 def nesting_exceeds(raw: bytes, depth: int) -> bool:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from checkflow import manifest as mf
 
@@ -156,6 +156,18 @@ def _chunk_problem(c: mf.ChunkEntry) -> str | None:
     if decoded > MAX_EXPANSION * c.nbytes + EXPANSION_SLACK:
         return f"declares {decoded} decoded bytes from {c.nbytes} stored bytes"
     return _range_problem(c.file, c.byte_offset, c.nbytes)
+
+
+def walk_bases(step: int, manifest: Callable[[int], mf.GlobalManifest]) -> list[int]:
+    """Every step the delta chains of ``step`` reach, read with ``manifest`` (which
+    validates each commit, and raises when one is damaged or missing). Iterative, and it
+    ends: each commit's bases are strictly older than it (:func:`check_global`)."""
+    todo, seen = list(manifest(step).base_steps), set()
+    while todo:
+        if (base := todo.pop()) not in seen:
+            seen.add(base)
+            todo.extend(manifest(base).base_steps)
+    return sorted(seen)
 
 
 def check_layout(step: int, parts: Iterable[tuple[int, mf.ChunkEntry]], *, complete: bool) -> None:

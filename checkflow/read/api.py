@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from checkflow.catalog import committed_steps
+from checkflow import manifest as mf
+from checkflow.catalog import committed_steps, scan
 from checkflow.read.errors import NoCheckpointError
 from checkflow.read.reader import CheckpointReader, Progress
 from checkflow.read.state_dicts import consolidated_state_dicts
@@ -49,8 +50,12 @@ def resolve_step(storage: Storage, step: int | None) -> int:
 
     Raises:
         NoCheckpointError: nothing is committed (at that step).
+        ManifestError: ``step`` was asked for and its commit is damaged (says how).
     """
-    steps = committed_steps(storage)
+    cat = scan(storage)
+    steps = cat.committed
+    if step is not None and step in cat.damaged:
+        raise mf.ManifestError(f"step {step} is damaged: {cat.damaged[step]}")
     if step is None:
         if not steps:
             raise NoCheckpointError(f"no committed checkpoint in {storage.uri}")

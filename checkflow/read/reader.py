@@ -121,6 +121,9 @@ class CheckpointReader:
         if step not in self._laid_out:
             parts = ((rm.rank, c) for rm in ranks for c in rm.chunks)
             validate.check_layout(step, parts, complete=self.complete)
+            # Every commit its delta chains reach, before any tensor is read: a restore
+            # that fails half-way has already copied tensors into the live state.
+            validate.walk_bases(step, self.manifest)
             self._laid_out.add(step)
         return ranks
 
