@@ -225,8 +225,10 @@ def _loads(data: bytes | bytearray | str, where: str) -> dict[str, Any]:
     caps: a crafted file can neither exhaust memory nor reach a ``RecursionError``."""
     try:
         raw = manifest_json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+    except manifest_json.OutOfBoundsError as e:
         raise ManifestError(f"{where} is not a valid manifest ({e}); the file is corrupt") from e
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{where} is not valid JSON ({e}); the file is corrupt") from e
     if not isinstance(raw, dict):
         raise ManifestError(f"{where} is not a JSON object")
     return raw

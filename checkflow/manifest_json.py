@@ -28,18 +28,25 @@ _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
+class OutOfBoundsError(ValueError):
+    """A manifest over the size or nesting cap (rather than malformed JSON)."""
+
+
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """``json.loads`` of ``data``, refused when it is longer than the cap or nested deeper
     than :data:`MAX_DEPTH` (so no ``RecursionError`` can come out of it).
 
     Raises:
-        ValueError: too large, too deep, not UTF-8 or not JSON.
+        OutOfBoundsError: too large or too deep.
+        ValueError: not UTF-8 or not JSON.
     """
     raw = data.encode() if isinstance(data, str) else bytes(data)
     if len(raw) > (cap := knobs.max_manifest_bytes()):
-        raise ValueError(too_large(len(raw), cap))
+        raise OutOfBoundsError(too_large(len(raw), cap))
     if nesting_exceeds(raw, MAX_DEPTH):
-        raise ValueError(f"it nests deeper than {MAX_DEPTH} levels (or its brackets do not match)")
+        raise OutOfBoundsError(
+            f"it nests deeper than {MAX_DEPTH} levels (or its brackets do not match)"
+        )
     return json.loads(raw)
 
 

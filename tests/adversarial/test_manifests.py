@@ -352,3 +352,30 @@ def test_gc_keeps_the_older_steps_a_damaged_base_may_need(deltas):
     assert r.returncode == 0 and "Traceback" not in r.stderr
     assert sorted(p.name for p in root.iterdir()) == [mf.step_dir(s) for s in (1, 2, 3)]
     assert os.path.exists(_gpath(root, 1))
+
+
+# -- the RAM tier ---------------------------------------------------------------------------------
+def test_a_ram_copy_with_overlapping_chunks_is_read_from_storage(tmp_path: Path):
+    """The RAM tier reads through the same validator: two chunks of the same rows in the
+    RAM copy are damage, and the step is read from storage instead."""
+    from checkflow.memory.area import rank_root
+
+    state = _state()
+    store, ram = tmp_path / "ckpt", tmp_path / "ram"
+    with Checkpointer(str(store), state, every=1, ram_dir=str(ram)) as ck:
+        with torch.no_grad():
+            state["model"].weight.add_(1.0)
+        ck.step()
+        ck.wait()
+    weights = {k: v.clone() for k, v in state["model"].state_dict().items()}
+    ram_root = Path(rank_root(str(ram), 0))
+    _two_halves_of_the_same_rows(ram_root, 1)
+    fresh = _state()
+    with (
+        pytest.warns(UserWarning, match=r"RAM copy of step 1 .* cannot be restored .*overlaps"),
+        Checkpointer(str(store), fresh, every=1, ram_dir=str(ram)) as ck,
+    ):
+        assert ck.restore(step=1) == 1
+        assert ck.restored_from == "storage"
+    for k, v in fresh["model"].state_dict().items():
+        assert torch.equal(v, weights[k])
