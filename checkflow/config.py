@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from checkflow.client.env import coordinator_from_env
+from checkflow.client import env
 
 WHEN_BUSY = ("wait", "skip")
 """What a due checkpoint does when both host buffer sets are still being persisted."""
@@ -145,16 +145,17 @@ def from_arguments(given: Mapping[str, Any], config: CheckpointConfig | None) ->
 def with_launcher_settings(
     config: CheckpointConfig, environ: Mapping[str, str] | None = None
 ) -> CheckpointConfig:
-    """``config`` with the coordinator a launcher exported, unless it names its own.
+    """``config`` with each coordinator setting it lacks taken from the environment.
 
     ``checkflow run --coordinator URL --job NAME`` exports ``CHECKFLOW_COORDINATOR``,
     ``CHECKFLOW_JOB`` and ``CHECKFLOW_TOKEN`` to its workers, so a training script needs no
-    coordinator arguments of its own (as torchrun's workers read ``MASTER_ADDR``). Arguments
-    given to the ``Checkpointer`` win over the environment.
+    coordinator arguments of its own (as torchrun's workers read ``MASTER_ADDR``). Each
+    setting resolves on its own (:func:`checkflow.client.env.resolve`): the argument given to
+    the ``Checkpointer``, else its variable, else None. So a script that passes
+    ``coordinator=`` and ``job=`` still sends the ``CHECKFLOW_TOKEN`` of its environment.
+
+    Raises:
+        ValueError: only one of the coordinator's URL and its job resolves.
     """
-    if config.coordinator is not None or config.job is not None:
-        return config
-    env = coordinator_from_env(environ)
-    if env.url is None:
-        return config
-    return replace(config, coordinator=env.url, job=env.job, token=config.token or env.token)
+    settings = env.resolve(config.coordinator, config.job, config.token, environ)
+    return replace(config, coordinator=settings.url, job=settings.job, token=settings.token)

@@ -5,6 +5,11 @@ bitwise equal to an uninterrupted one only when parameters, optimizer, scheduler
 position and RNG states all come back exactly.
 
     python examples/train.py --dir runs/demo --steps 200 --every 10 --out final.pt
+
+With a coordinator, the token comes from ``--token-file PATH`` or ``CHECKFLOW_TOKEN`` (an
+argument beats the variable, as for every setting; see the README's "Settings"):
+
+    CHECKFLOW_TOKEN=T python examples/train.py --dir runs/demo --coordinator URL --job demo
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import torch
 from torch import nn
 
 from checkflow import Checkpointer
+from checkflow.cli.coordinator import read_token_file
+from checkflow.cli.output import TOKEN_ON_COMMAND_LINE, CliError, warning
 
 
 class ShuffledData:
@@ -89,6 +96,7 @@ def train(args: argparse.Namespace) -> dict[str, object]:
         keep=args.keep,
         coordinator=args.coordinator,
         job=args.job,
+        token=args.token,
         max_overhead=args.max_overhead,
     ) as ckpt:
         start = ckpt.restore()
@@ -137,8 +145,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="write the final state here (torch.save)")
     p.add_argument("--coordinator", default=None)
     p.add_argument("--job", default=None)
+    p.add_argument("--token-file", default=None, help="read the coordinator's token from PATH")
+    p.add_argument("--token", default=None, help="deprecated: use --token-file or CHECKFLOW_TOKEN")
     p.add_argument("--device", default="cpu", help="cpu, or cuda: train on the GPU")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.token is not None:
+        warning(TOKEN_ON_COMMAND_LINE)
+    elif args.token_file is not None:
+        try:
+            args.token = read_token_file(args.token_file)
+        except CliError as e:
+            p.error(str(e))
+    return args
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from checkflow.cli.output import EXIT_FAILED, EXIT_USAGE, TOKEN_ON_COMMAND_LINE, CliError, warning
+from checkflow.client.env import TOKEN, setting
+from checkflow.client.transport import token_sent, unauthorized_hint
 from checkflow.protocol import paths
 from checkflow.protocol.messages import (
     CheckpointList,
@@ -46,9 +48,13 @@ class JobReport:
     events: list[EventPublic]
 
 
+URL = "CHECKFLOW_URL"
+"""The coordinator of ``status`` and ``restore --coordinator`` when no URL is given."""
+
+
 def coordinator_url(url: str | None) -> str:
     """``url``, else ``$CHECKFLOW_URL``, else the default local coordinator."""
-    return url or os.environ.get("CHECKFLOW_URL") or DEFAULT_URL
+    return setting(url, URL, os.environ, DEFAULT_URL) or DEFAULT_URL
 
 
 def connect(url: str, token: str | None, token_file: str | None = None) -> httpx.Client:
@@ -58,7 +64,7 @@ def connect(url: str, token: str | None, token_file: str | None = None) -> httpx
         warning(TOKEN_ON_COMMAND_LINE)
     if token is None and token_file is not None:
         token = read_token_file(token_file)
-    return _http(url, token or os.environ.get("CHECKFLOW_TOKEN"))
+    return _http(url, setting(token, TOKEN, os.environ))
 
 
 def read_token_file(path: str) -> str:
@@ -147,8 +153,7 @@ def _send(
         ) from e
     if r.status_code == 401:
         raise CliError(
-            "the coordinator wants a token: pass --token-file PATH or set CHECKFLOW_TOKEN",
-            EXIT_FAILED,
+            f"the coordinator refused: {unauthorized_hint(token_sent(r.request))}", EXIT_FAILED
         )
     if r.status_code in (403, 404, 409, 422):
         detail = r.json().get("detail")

@@ -1,9 +1,11 @@
-"""The coordinator settings a launcher hands to its workers through the environment.
+"""The coordinator settings, and the one order every setting resolves in.
 
-``checkflow run --coordinator URL --job NAME --token T`` exports them; a ``Checkpointer``
-built without its own ``coordinator=``/``job=``/``token=`` reads them back with
-:func:`coordinator_from_env`. Pure functions of a mapping, so both sides are testable
-without a process.
+``checkflow run --coordinator URL --job NAME`` exports them to its workers; a
+``Checkpointer`` (or ``checkflow run`` itself) reads them back with :func:`resolve`: each
+setting on its own is the argument when one is given, else its ``CHECKFLOW_*`` variable,
+else the default. So ``CHECKFLOW_TOKEN=T python train.py --coordinator URL --job J`` sends T,
+and an explicit argument always beats whatever the environment holds. Pure functions of a
+mapping, so both sides are testable without a process.
 """
 
 from __future__ import annotations
@@ -44,15 +46,38 @@ class CoordinatorSettings:
         return {name: value for name, value in pairs if value}
 
 
+def setting(given: str | None, name: str, environ: Mapping[str, str], default: str | None = None) -> str | None:
+    """One setting: ``given`` (an argument), else ``environ[name]``, else ``default``.
+
+    An empty argument or variable counts as not given (``CHECKFLOW_TOKEN=`` does not send an
+    empty token)."""
+    return given or environ.get(name) or default
+
+
+def resolve(
+    url: str | None,
+    job: str | None,
+    token: str | None,
+    environ: Mapping[str, str] | None = None,
+) -> CoordinatorSettings:
+    """The coordinator settings from arguments and ``environ`` (``os.environ`` by default),
+    each field resolved on its own by :func:`setting`.
+
+    Raises:
+        ValueError: one of the URL and the job resolves and the other does not.
+    """
+    env = os.environ if environ is None else environ
+    return CoordinatorSettings(
+        url=setting(url, COORDINATOR, env),
+        job=setting(job, JOB, env),
+        token=setting(token, TOKEN, env),
+    )
+
+
 def coordinator_from_env(environ: Mapping[str, str] | None = None) -> CoordinatorSettings:
     """The settings in ``environ`` (``os.environ`` by default); an empty value counts as unset.
 
     Raises:
         ValueError: only one of ``CHECKFLOW_COORDINATOR`` and ``CHECKFLOW_JOB`` is set.
     """
-    env = os.environ if environ is None else environ
-    return CoordinatorSettings(
-        url=env.get(COORDINATOR) or None,
-        job=env.get(JOB) or None,
-        token=env.get(TOKEN) or None,
-    )
+    return resolve(None, None, None, environ)

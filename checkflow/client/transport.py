@@ -85,9 +85,33 @@ class Reachability:
 
 
 def why(error: httpx.HTTPStatusError) -> str:
-    """The status and the coordinator's ``detail`` of a refused request."""
+    """The status and the coordinator's ``detail`` of a refused request; for a 401, what to
+    do given whether this request carried a token (:func:`unauthorized_hint`)."""
     try:
         detail = error.response.json().get("detail")
     except ValueError:
         detail = error.response.text
-    return f"HTTP {error.response.status_code}: {detail}"
+    text = f"HTTP {error.response.status_code}: {detail}"
+    if error.response.status_code == 401:
+        text += f"; {unauthorized_hint(token_sent(error.request))}"
+    return text
+
+
+def token_sent(request: httpx.Request) -> bool:
+    """True when ``request`` carried a bearer token."""
+    return request.headers.get("Authorization", "").startswith("Bearer ")
+
+
+def unauthorized_hint(sent: bool) -> str:
+    """What to do about a 401, given whether a token was sent: a wrong token needs the right
+    one, not a hint to pass a token that was passed."""
+    if sent:
+        return (
+            "the token sent is not this coordinator's (nor a job token it issued): check the "
+            "token=, --token-file or CHECKFLOW_TOKEN given (an argument wins over "
+            "CHECKFLOW_TOKEN)"
+        )
+    return (
+        "no token was sent and this coordinator wants one: pass --token-file PATH (token= "
+        "to a Checkpointer) or set CHECKFLOW_TOKEN"
+    )

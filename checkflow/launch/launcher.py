@@ -301,8 +301,4 @@ def coordinator_settings(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> CoordinatorSettings:
     """``--coordinator/--job/--token``, each falling back to its ``CHECKFLOW_*`` variable."""
-    return CoordinatorSettings(
-        url=args.coordinator or environ.get(env.COORDINATOR) or None,
-        job=args.job or environ.get(env.JOB) or None,
-        token=args.token or environ.get(env.TOKEN) or None,
-    )
+    return env.resolve(args.coordinator, args.job, args.token, environ)
