@@ -158,4 +158,10 @@ def with_launcher_settings(
         ValueError: only one of the coordinator's URL and its job resolves.
     """
     settings = env.resolve(config.coordinator, config.job, config.token, environ)
+    if (settings.url, settings.job, settings.token) == (
+        config.coordinator,
+        config.job,
+        config.token,
+    ):
+        return config  # nothing filled in: the caller's own object
     return replace(config, coordinator=settings.url, job=settings.job, token=settings.token)

@@ -46,7 +46,9 @@ class CoordinatorSettings:
         return {name: value for name, value in pairs if value}
 
 
-def setting(given: str | None, name: str, environ: Mapping[str, str], default: str | None = None) -> str | None:
+def setting(
+    given: str | None, name: str, environ: Mapping[str, str], default: str | None = None
+) -> str | None:
     """One setting: ``given`` (an argument), else ``environ[name]``, else ``default``.
 
     An empty argument or variable counts as not given (``CHECKFLOW_TOKEN=`` does not send an

@@ -14,6 +14,7 @@ import shutil
 import socket
 from collections.abc import Mapping
 
+from checkflow.client.env import setting
 from checkflow.folders import private_folder
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,11 @@ def rank_root(ram_dir: str, rank: int) -> str:
     return os.path.join(ram_dir, f"rank-{rank:05d}")
 
 
-def ram_dir_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
-    return environ.get(RAM_DIR) or None
+def ram_dir_setting(given: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The RAM-tier folder: ``ram_dir=`` when given, else ``CHECKFLOW_RAM_DIR`` (what
+    ``checkflow run --ram-tier`` exports), else None (no RAM tier); the one order of
+    :func:`checkflow.client.env.setting`."""
+    return setting(given, RAM_DIR, environ)
 
 
 def create(path: str, root: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from checkflow.codec import CodecRules
-from checkflow.memory.area import REPLICA, TIER, mark_jit, ram_dir_from_env, rank_root
+from checkflow.memory.area import REPLICA, TIER, mark_jit, ram_dir_setting, rank_root
 from checkflow.memory.copies import RamCopies
 from checkflow.parallel import _compat
 from checkflow.parallel.groups import rank_and_world
@@ -239,7 +239,7 @@ def ram_tier(
     ``CHECKFLOW_RAM_DIR``; None without one. With a coordinator ``client``, each step in
     the tier is reported to it (``tier="ram"``), so that its restore point may be a step
     only node memory holds."""
-    ram_dir = config.ram_dir or ram_dir_from_env()
+    ram_dir = ram_dir_setting(config.ram_dir)
     if ram_dir is None:
         return None
     rank, world_size = rank_and_world(group)

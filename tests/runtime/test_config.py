@@ -88,7 +88,7 @@ def test_the_script_s_own_coordinator_wins_over_the_launcher_s():
 
     env = {"CHECKFLOW_COORDINATOR": "http://a", "CHECKFLOW_JOB": "a"}
     own = CheckpointConfig(coordinator="http://b", job="b")
-    assert with_launcher_settings(own, env) is own
+    assert with_launcher_settings(own, env) == own
     assert with_launcher_settings(CheckpointConfig(), {}) == CheckpointConfig()
 
 
