@@ -32,7 +32,8 @@ def status(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]
     [
         (
             {},
-            "checkflow: error: the coordinator refused: no token was sent and this coordinator wants one",
+            "checkflow: error: the coordinator refused: no token was sent and this "
+            "coordinator wants one",
         ),
         (
             {"CHECKFLOW_TOKEN": "wrong"},
