@@ -137,7 +137,7 @@ def read_range(f: BinaryIO, start: int, end: int, buffers: ReadBuffers) -> memor
     got = 0
     if direct_io_supported() and _device(f.name) not in _refused:
         try:
-            got = _read_all(f.name, buf, lo, os.O_DIRECT)
+            got = _read_all(f, buf, lo, os.O_DIRECT)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
@@ -145,16 +145,24 @@ def read_range(f: BinaryIO, start: int, end: int, buffers: ReadBuffers) -> memor
             log.info("%s refuses O_DIRECT (%s): restores there read through the cache", f.name, e)
             got = 0
     if got < end - lo:
-        got = _read_all(f.name, buf, lo, 0)
+        got = _read_all(f, buf, lo, 0)
     if got < end - lo:
         raise OSError(errno.EIO, f"{f.name} ends at byte {lo + got}, before byte {end}")
     return buf[start - lo : end - lo]
 
 
-def _read_all(path: str, buf: memoryview, offset: int, flags: int) -> int:
-    """Read ``buf`` from ``offset`` of ``path`` until it is full or the file ends."""
-    fd = os.open(path, os.O_RDONLY | flags)
+def _read_all(f: BinaryIO, buf: memoryview, offset: int, flags: int) -> int:
+    """Read ``buf`` from ``offset`` of the file ``f`` until it is full or the file ends.
+
+    ``O_DIRECT`` needs a descriptor of its own, opened by name: it is opened without
+    following a link or blocking, and must be the very file ``f`` is (a name swapped for a
+    FIFO or a link between the two opens is refused).
+    """
+    fd = os.open(f.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | flags)
     try:
+        mine, theirs = os.fstat(fd), os.fstat(f.fileno())
+        if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+            raise OSError(errno.ESTALE, f"{f.name} was replaced while it was being read")
         got = 0
         while got < buf.nbytes:
             n = os.preadv(fd, [buf[got:]], offset + got)

@@ -25,6 +25,7 @@ from checkflow import knobs
 from checkflow.storage.atomic import write_file_atomic
 from checkflow.storage.direct import ReadBuffers, read_range, write_parts
 from checkflow.storage.errors import Failure, StorageError, access_message, classify_error
+from checkflow.storage.local import check_inside, delete_tree, entry_kind, open_regular
 from checkflow.storage.mapped import map_range
 from checkflow.storage.retry import call_with_retries
 from checkflow.types import Buffer
@@ -133,6 +134,8 @@ class Storage:
             self.fs.pipe_file(target, b"".join(parts))
             return
         os.makedirs(os.path.dirname(target), exist_ok=True)
+        # A step folder planted as a link to another run must not be written through.
+        check_inside(self.root, os.path.dirname(target))
 
         def write(tmp: str) -> None:
             write_parts(tmp, parts, direct=knobs.direct_io())
@@ -180,7 +183,7 @@ class Storage:
         self.reads += 1
 
         def once() -> bytearray:
-            with self.fs.open(self._uncached(relpath), "rb") as f:
+            with self._open_for_read(relpath) as f:
                 return bytearray(f.read(limit + 1))
 
         return self._retry(f"read {self.url(relpath)}", once)
@@ -190,7 +193,7 @@ class Storage:
     ) -> bytearray:
         target = self.path(relpath)
         if self.local:
-            with open(target, "rb") as f:
+            with open_regular(self.root, target) as f:
                 size = os.fstat(f.fileno()).st_size
                 ranged, end = end is not None, size if end is None else end
                 if start > size or end > size:
@@ -257,6 +260,13 @@ class Storage:
 
         return self._retry(f"stat {self.url(relpath)}", once)
 
+    def entry_kind(self, relpath: str) -> str | None:
+        """What a local entry is, not following a link ("file", "folder", "symbolic
+        link", "FIFO"…; None when missing); None on object stores, which hold only objects
+        and prefixes."""
+        target = self.path(relpath)
+        return entry_kind(target) if self.local else None
+
     def size(self, relpath: str) -> int:
         """The size in bytes of the object at ``relpath``.
 
@@ -264,9 +274,19 @@ class Storage:
             FileNotFoundError: the object does not exist.
         """
         self.path(relpath)
-        return self._retry(
-            f"stat {self.url(relpath)}", lambda: int(self.fs.size(self._uncached(relpath)))
-        )
+
+        def once() -> int:
+            if self.local:  # of the file a reader would open, never of a link's target
+                with open_regular(self.root, self.path(relpath)) as f:
+                    return os.fstat(f.fileno()).st_size
+            return int(self.fs.size(self._uncached(relpath)))
+
+        return self._retry(f"stat {self.url(relpath)}", once)
+
+    def _open_for_read(self, relpath: str) -> Any:
+        if self.local:
+            return open_regular(self.root, self.path(relpath))
+        return self.fs.open(self._uncached(relpath), "rb")
 
     def listdir(self, relpath: str = "") -> list[str]:
         """Names (not paths) directly under ``relpath``, sorted; empty when it does not exist."""
@@ -299,6 +319,9 @@ class Storage:
             raise ValueError(f"refusing to delete the checkpoint root {self.uri}")
 
         def once() -> None:
+            if self.local:  # never through a link, never outside the root
+                delete_tree(self.root, target)
+                return
             try:
                 self.fs.rm(target, recursive=True)
             except FileNotFoundError as e:
