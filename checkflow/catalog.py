@@ -23,6 +23,10 @@ class Catalog:
     """Every step folder, committed or not."""
     damaged: dict[int, str] = field(default_factory=dict)
     """Steps whose ``MANIFEST.json`` exists but cannot be read: why."""
+    foreign: dict[str, str] = field(default_factory=dict)
+    """Entries of the root that are not step folders, by name: why. Never read, counted
+    or deleted (``ls --all`` shows them): a look-alike such as ``step-0000000099`` or a
+    link to another run's step is not this root's checkpoint."""
 
     @property
     def partial(self) -> list[int]:
@@ -35,6 +39,10 @@ def scan(storage: Storage) -> Catalog:
     for name in storage.listdir():
         step = mf.parse_step_dir(name)
         if step is None:
+            cat.foreign[name] = "not a step folder name"
+            continue
+        if (why := not_a_folder(storage, name)) is not None:
+            cat.foreign[name] = why
             continue
         cat.folders.append(step)
         path = f"{name}/{mf.MANIFEST}"
@@ -48,6 +56,15 @@ def scan(storage: Storage) -> Catalog:
     cat.folders.sort()
     cat.committed = dict(sorted(cat.committed.items()))
     return cat
+
+
+def not_a_folder(storage: Storage, name: str) -> str | None:
+    """Why the root entry ``name`` (a step folder's name) is not a real folder (a link, a
+    file), or None when it is one."""
+    kind = storage.entry_kind(name)
+    if kind not in (None, "folder"):  # None: an object store, whose folders are prefixes
+        return f"a {kind}, not a folder"
+    return None
 
 
 def read_manifest_bytes(storage: Storage, path: str) -> bytearray:

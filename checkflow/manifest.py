@@ -31,7 +31,8 @@ OBJECTS_TORCH_PICKLE = "torch-pickle"
 """Objects stored by ``torch.save``: what format-1 checkpoints written before the
 ``encoding`` field held. Reading them unpickles, which needs the reader's trust."""
 STEP_PREFIX = "step-"
-_STEP_RE = re.compile(r"^step-(\d{9,})$")
+_STEP_RE = re.compile(r"step-([0-9]{9,})")
+"""ASCII digits only (``\\d`` takes any Unicode digit), matched whole with ``fullmatch``."""
 
 
 class ManifestError(ValueError):
@@ -87,9 +88,18 @@ def step_dir(step: int) -> str:
 
 
 def parse_step_dir(name: str) -> int | None:
-    """The step of a folder name, or None when it is not a checkpoint folder."""
-    m = _STEP_RE.match(name.rstrip("/").rsplit("/", 1)[-1])
-    return int(m.group(1)) if m else None
+    """The step of a folder name, or None when it is not a checkpoint folder.
+
+    Only the names :func:`step_dir` writes parse: ASCII digits at the writer's exact width
+    (``step-0000000099`` does not). Every reader and gc agree on one name per step, so gc
+    can never delete a real step by its canonical name while keeping a look-alike.
+    """
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    m = _STEP_RE.fullmatch(base)
+    if m is None:
+        return None
+    step = int(m.group(1))
+    return step if step_dir(step) == base else None
 
 
 def rank_manifest_name(rank: int) -> str:

@@ -67,6 +67,12 @@ def _print_plan(
             f"left step(s) {fmt_steps(plan.damaged)} alone: their MANIFEST.json cannot be "
             f"read; run 'checkflow verify {uri} --all' and look at them"
         )
+    if cat.foreign:
+        n = len(cat.foreign)
+        line(
+            f"left {n} foreign entr{'y' if n == 1 else 'ies'} alone (not step folders: "
+            f"'checkflow ls {uri} --all' lists them)"
+        )
 
 
 COMMAND = Command("gc", "delete all but the newest N checkpoints", configure, run)

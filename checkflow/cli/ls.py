@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_uri(parser)
-    parser.add_argument("--all", action="store_true", help="also list uncommitted step folders")
+    parser.add_argument(
+        "--all", action="store_true", help="also list uncommitted step folders and foreign entries"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -28,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
         line(json.dumps(_as_json(args.uri, cat)))
     elif not cat.folders:
         line(f"no checkpoints in {args.uri}")
+        _print_foreign(cat, show_all=args.all)
     else:
         _print_table(args.uri, cat, show_all=args.all)
         _print_notes(args.uri, cat, show_all=args.all)
+        _print_foreign(cat, show_all=args.all)
     return EXIT_OK
 
 
@@ -51,6 +55,7 @@ def _as_json(uri: str, cat: Catalog) -> dict[str, object]:
         "checkpoints": records,
         "uncommitted": cat.partial,
         "damaged": {str(s): why for s, why in cat.damaged.items()},
+        "foreign": dict(cat.foreign),
     }
 
 
@@ -86,6 +91,25 @@ def _print_notes(uri: str, cat: Catalog, *, show_all: bool) -> None:
             f"(gc leaves them for you to look at; 'checkflow verify {uri} --all' says why): "
             f"{', '.join(str(s) for s in cat.damaged)}{hint}"
         )
+
+
+def _print_foreign(cat: Catalog, *, show_all: bool) -> None:
+    """Entries that are not step folders: never read, counted or deleted, so a look-alike
+    name (``step-0000000099``) or a link to another run is shown as what it is."""
+    if not cat.foreign:
+        return
+    line()
+    if not show_all:
+        line(
+            f"note: {len(cat.foreign)} foreign entr{'y' if len(cat.foreign) == 1 else 'ies'}"
+            " in the root, not checkpoints (left alone); --all lists them"
+        )
+        return
+    line(
+        f"{len(cat.foreign)} foreign entr{'y' if len(cat.foreign) == 1 else 'ies'}, "
+        "not checkpoints (never read, counted or deleted):"
+    )
+    table(["NAME", "WHY"], [[name, why] for name, why in sorted(cat.foreign.items())])
 
 
 COMMAND = Command("ls", "list committed checkpoints", configure, run)

@@ -51,7 +51,7 @@ SCAN_INTERVAL_S = 0.2
 TIMEOUT_S = 30.0
 """A connection idle this long is closed (a peer that stalls holds no thread for good)."""
 INCOMING = ".incoming-"
-_STEP_PATH = re.compile(r"rank-\d+/step-\d+(/[A-Za-z0-9_.-]+)?")
+_STEP_PATH = re.compile(r"rank-[0-9]+/step-[0-9]+(/[A-Za-z0-9_.-]+)?")
 
 
 def parse_address(text: str) -> tuple[str, int]:
