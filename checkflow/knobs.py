@@ -34,21 +34,38 @@ def _get(name: str) -> str:
     return os.environ.get(name, _DEFAULTS[name])
 
 
+def _int(name: str) -> int:
+    """The knob as an integer. The environment is input too: a value that is not one is
+    refused with one line naming the variable, not a bare ``int()`` error.
+
+    Raises:
+        ValueError: it is not a whole number.
+    """
+    text = _get(name)
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"{name}={text!r} is not a whole number; unset it for the default "
+            f"({_DEFAULTS[name]}) or give one"
+        ) from None
+
+
 def chunk_bytes() -> int:
-    return int(_get("CHECKFLOW_CHUNK_BYTES"))
+    return _int("CHECKFLOW_CHUNK_BYTES")
 
 
 def max_manifest_bytes() -> int:
     """Largest manifest a reader accepts: it holds at most this many bytes of one."""
-    return max(1, int(_get("CHECKFLOW_MAX_MANIFEST_BYTES")))
+    return max(1, _int("CHECKFLOW_MAX_MANIFEST_BYTES"))
 
 
 def read_threads() -> int:
-    return max(1, int(_get("CHECKFLOW_READ_THREADS")))
+    return max(1, _int("CHECKFLOW_READ_THREADS"))
 
 
 def persist_nice() -> int:
-    return int(_get("CHECKFLOW_PERSIST_NICE"))
+    return _int("CHECKFLOW_PERSIST_NICE")
 
 
 def direct_io() -> bool:
