@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -25,48 +23,10 @@ from checkflow.catalog import scan
 from checkflow.restore import CheckpointReader
 from checkflow.storage import Storage
 from checkflow.validate import DamagedStepError
+from tests.support.crafted import W, model_state, one_line_error, run_cli, write_steps
 
-STEPS = 3
-W = "model.weight"
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "checkflow.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
-def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
-    """The CLI's error: one line on stderr (beside the catalog's warnings about damaged
-    steps it skipped), no traceback."""
-    assert "Traceback" not in r.stderr + r.stdout, r.stderr
-    lines = [x for x in r.stderr.splitlines() if x.strip() and "WARNING" not in x]
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("checkflow: error: "), lines[0]
-    return lines[0].removeprefix("checkflow: error: ")
-
-
-def _state() -> dict[str, Any]:
-    torch.manual_seed(0)
-    return {"model": torch.nn.Linear(8, 64)}  # weight: a 64-row tensor
-
-
-def _write(root: Path, codec: str = "exact") -> list[dict[str, torch.Tensor]]:
-    """``STEPS`` committed steps; returns each step's model state, oldest first."""
-    state = _state()
-    saved = []
-    with Checkpointer(str(root), state, every=1, keep=0, codec=codec) as ck:
-        for _ in range(STEPS):
-            with torch.no_grad():
-                state["model"].weight.add_(1.0)
-            future = ck.step()
-            assert future is not None
-            future.result()
-            saved.append({k: v.clone() for k, v in state["model"].state_dict().items()})
-    return saved
+# Re-exported: the other adversarial modules tamper with the same small run.
+_state, _write = model_state, write_steps
 
 
 @pytest.fixture
