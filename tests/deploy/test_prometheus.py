@@ -163,7 +163,7 @@ def test_a_real_prometheus_stores_checkflow_job_and_holds_ranks_lost_for_the_cra
     coordinator: ServerProcess, tmp_path: Path
 ) -> None:
     prometheus = debian_tool("prometheus")
-    with running_prometheus(prometheus, coordinator, tmp_path) as api:
+    with RunningPrometheus(prometheus, coordinator, tmp_path) as api:
         alive = wait_for(api, "query", {"query": "checkflow_ranks_alive"}, lambda r: len(r) == 2)
         assert {tuple(sorted(s["metric"].items())) for s in alive} == {
             (
@@ -202,7 +202,7 @@ def test_a_real_prometheus_stores_checkflow_job_and_holds_ranks_lost_for_the_cra
         }
 
 
-class running_prometheus:
+class RunningPrometheus:
     """``prometheus`` on a free 127.0.0.1 port scraping ``coordinator`` every 0.5 s with its
     token from a file (``authorization: credentials_file``), the shipped rules loaded; the
     ``with`` value calls its HTTP API (``/api/v1/<path>``) and returns ``data``."""
