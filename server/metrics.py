@@ -1,13 +1,103 @@
-"""Counters of the coordinator and their Prometheus text exposition (format 0.0.4)."""
+"""Counters of the coordinator, gauges of its jobs, and their Prometheus text exposition
+(format 0.0.4).
+
+Per-job series carry the label ``checkflow_job``, not ``job``: Prometheus gives every
+scraped series its own ``job`` label (the scrape job's name), and a target's ``job`` label
+that collides is stored as ``exported_job``, so a query or a Grafana legend on ``job``
+would read the scrape job instead of the training job.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from checkflow_server.domain.changes import Changes, EventKind
+from checkflow_server.domain.state import COMMITTED, Job
 
+from checkflow.protocol import RankState
+
+FINISHED = RankState.FINISHED
+JOB_LABEL = "checkflow_job"
 RECOVERY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 DETECTION_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class JobGauges:
+    """What ``/metrics`` shows of one job (see :func:`job_gauges`)."""
+
+    name: str
+    world_size: int
+    ranks_alive: int
+    ranks_finished: int
+    """Ranks of the current generation that ended training normally: neither alive nor
+    lost, so an alert on lost ranks can tell a finished job from a dead one."""
+    step: int
+    interval: int
+    checkpoint_step: int | None
+    """The newest committed checkpoint's step; None: none committed yet."""
+    checkpoint_at: float | None
+    """Unix time that checkpoint was committed."""
+
+
+def job_gauges(job: Job) -> JobGauges:
+    """The gauges of ``job`` now (pure: reads the job, changes nothing)."""
+    t, g = job.ranks, job.generation
+    finished = sum(
+        1 for s, sg in zip(t.state, t.generation, strict=True) if s == FINISHED and sg == g
+    )
+    newest = max(
+        (c for c in job.checkpoints.values() if c.status == COMMITTED),
+        key=lambda c: c.step,
+        default=None,
+    )
+    return JobGauges(
+        name=job.name,
+        world_size=job.world_size,
+        ranks_alive=job.alive_ranks(),
+        ranks_finished=finished,
+        step=job.max_step,
+        interval=job.interval,
+        checkpoint_step=None if newest is None else newest.step,
+        checkpoint_at=None if newest is None else (newest.committed_at or newest.started),
+    )
+
+
+JOB_GAUGES: tuple[tuple[str, str, Callable[[JobGauges], float | None]], ...] = (
+    ("checkflow_world_size", "Ranks the job runs (its world size).", lambda j: j.world_size),
+    (
+        "checkflow_ranks_alive",
+        "Ranks alive in their job's current generation.",
+        lambda j: j.ranks_alive,
+    ),
+    (
+        "checkflow_ranks_finished",
+        "Ranks of the job's current generation that ended training normally.",
+        lambda j: j.ranks_finished,
+    ),
+    (
+        "checkflow_job_step",
+        "Furthest step a rank of the job reported in its current generation.",
+        lambda j: j.step,
+    ),
+    (
+        "checkflow_checkpoint_interval_steps",
+        "Steps between the job's storage checkpoints (its current schedule).",
+        lambda j: j.interval,
+    ),
+    (
+        "checkflow_latest_checkpoint_step",
+        "Step of the job's newest committed checkpoint (absent until one is).",
+        lambda j: j.checkpoint_step,
+    ),
+    (
+        "checkflow_latest_checkpoint_timestamp_seconds",
+        "Unix time the job's newest committed checkpoint was committed.",
+        lambda j: j.checkpoint_at,
+    ),
+)
+"""Per-job gauges: name, help, value (None: no sample for that job)."""
 
 
 @dataclass(slots=True)
@@ -38,16 +128,18 @@ class Metrics:
             elif event.kind == EventKind.TRAINED_AGAIN:
                 self.trained_again.append(event.detail["recovery_s"])
 
-    def render(self, *, jobs: int, ranks_alive: dict[str, int]) -> str:
-        """The Prometheus text format of these counters plus the given gauges."""
+    def render(self, jobs: Sequence[JobGauges]) -> str:
+        """The Prometheus text format of these counters plus the gauges of ``jobs``."""
         out = [
             "# HELP checkflow_jobs Jobs known to the coordinator.",
             "# TYPE checkflow_jobs gauge",
-            f"checkflow_jobs {jobs}",
-            "# HELP checkflow_ranks_alive Ranks alive in their job's current generation.",
-            "# TYPE checkflow_ranks_alive gauge",
+            f"checkflow_jobs {len(jobs)}",
         ]
-        out += [f'checkflow_ranks_alive{{job="{_label(j)}"}} {n}' for j, n in ranks_alive.items()]
+        for name, help_text, value in JOB_GAUGES:
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            for j in jobs:
+                if (v := value(j)) is not None:
+                    out.append(f'{name}{{{JOB_LABEL}="{_label(j.name)}"}} {v!r}')
         out += _counter("checkflow_heartbeats_total", "Rank heartbeats received.", self.heartbeats)
         out += _counter(
             "checkflow_checkpoints_committed_total",

@@ -18,7 +18,7 @@ from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.errors import NotFound, StaleGeneration
 from checkflow_server.domain.generation import short_list
 from checkflow_server.domain.state import Job
-from checkflow_server.metrics import Metrics
+from checkflow_server.metrics import Metrics, job_gauges
 from checkflow_server.repository import Repository
 
 from checkflow.protocol import (
@@ -208,8 +208,8 @@ class Coordinator:
         return Health(status="ok", jobs=len(self.jobs))
 
     def render_metrics(self) -> str:
-        alive = {j.name: j.alive_ranks() for j in self.jobs.values()}
-        return self.metrics.render(jobs=len(self.jobs), ranks_alive=alive)
+        """``/metrics``: the counters and every job's gauges (``metrics.JOB_GAUGES``)."""
+        return self.metrics.render([job_gauges(j) for j in self.jobs.values()])
 
     # --- the one path of every change ---------------------------------------------------
     def _apply(self, job: Job, reply: Reply, changes: Changes) -> Reply:

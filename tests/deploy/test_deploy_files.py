@@ -166,10 +166,18 @@ def test_grafana_dashboard_is_json_and_only_plots_metrics_the_coordinator_expose
     assert used <= series, f"the dashboard plots metrics the coordinator lacks: {used - series}"
 
 
+def test_the_dashboards_legends_name_the_training_job_by_checkflow_job():
+    """Prometheus stores a target's own ``job`` label as ``exported_job`` (its ``job`` is the
+    scrape job's name), so a legend of ``{{job}}`` reads the scrape job for every series."""
+    dashboard = json.loads((DEPLOY / "grafana" / "checkflow-dashboard.json").read_text())
+    legends = [t["legendFormat"] for panel in dashboard["panels"] for t in panel["targets"]]
+    labels = {label for legend in legends for label in re.findall(r"{{\s*(\w+)\s*}}", legend)}
+    assert labels == {"checkflow_job"}, legends
+
+
 def test_the_documented_metric_names_are_the_exposed_ones(tmp_path):
-    documented = set(
-        re.findall(r"`(checkflow_[a-z_]+)`", (REPO / "docs" / "metrics.md").read_text())
-    )
+    table = (REPO / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"^\| `(checkflow_[a-z_]+)` \|", table, re.MULTILINE))
     exposed = {name for name, _ in exposed_metrics(tmp_path)}
     assert documented == exposed, (
         f"undocumented: {exposed - documented}; gone: {documented - exposed}"

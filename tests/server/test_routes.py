@@ -367,7 +367,9 @@ def test_metrics_are_prometheus_text(client: TestClient) -> None:
     text = client.get("/metrics").text
     for line in (
         "checkflow_jobs 1",
-        'checkflow_ranks_alive{job="j"} 2',
+        'checkflow_ranks_alive{checkflow_job="j"} 2',
+        'checkflow_ranks_finished{checkflow_job="j"} 0',
+        'checkflow_latest_checkpoint_step{checkflow_job="j"} 10',
         "checkflow_heartbeats_total 1",
         "checkflow_checkpoints_committed_total 1",
         "checkflow_failures_detected_total 0",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from checkflow_server.api.deps import CoordinatorDep
 from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 
 from checkflow.protocol import Health
 
@@ -16,6 +16,9 @@ async def healthz(coordinator: CoordinatorDep) -> Health:
     return coordinator.health()
 
 
+EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
+
+
 @router.get(
     "/metrics",
     response_class=PlainTextResponse,
@@ -23,5 +26,11 @@ async def healthz(coordinator: CoordinatorDep) -> Health:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
 async def metrics(coordinator: CoordinatorDep) -> PlainTextResponse:
-    text = coordinator.render_metrics()
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+    return PlainTextResponse(coordinator.render_metrics(), media_type=EXPOSITION)
+
+
+# Uptime probes and some scrapers check a target with HEAD first, and a 405 there reads as
+# "the coordinator is down". The same status and content type as GET, with no body to render.
+@router.head("/metrics", response_class=Response, summary="GET /metrics without its body")
+async def metrics_head() -> Response:
+    return Response(media_type=EXPOSITION)
