@@ -160,7 +160,7 @@ class DeltaCodec(Codec):
         expected = sum(len(rows) * r.blen for r, rows, _ in where) * itemsize
         raw = decompress_section(payload, expected, "the delta payload's bytes")
         kernel = self._kernel()
-        packed = torch.from_numpy(raw.copy())  # writable: the shuffle works in place
+        packed = torch.from_numpy(raw)  # writable, decoded for this chunk alone
         if kernel is not None and itemsize > 1:
             xor = kernel.shuffle(packed, itemsize, True)
         else:
