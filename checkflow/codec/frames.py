@@ -22,6 +22,7 @@ storage, no threads.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import zstandard
@@ -38,6 +39,8 @@ _MAX_HEADER = 18
 """Magic, descriptor, window byte, 4-byte dictionary id, 8-byte content size."""
 _DICT_ID_BYTES = (0, 1, 2, 4)
 _CONTENT_SIZE_BYTES = (0, 2, 4, 8)
+_decoders = threading.local()
+"""Per thread: a zstd decoder per window cap, reused section after section."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +135,29 @@ def decompress(data: Buffer, expected: int, what: str, out: memoryview | None = 
         out = memoryview(bytearray(expected + 1))
     elif out.nbytes <= expected:
         raise ValueError(f"out holds {out.nbytes} bytes; decoding {expected} needs one more")
-    filled = 0
+    cap, filled = window_cap(expected), 0
     try:
-        dctx = zstandard.ZstdDecompressor(max_window_size=window_cap(expected))
-        reader = dctx.stream_reader(data, read_across_frames=True)
+        reader = _decoder(cap).stream_reader(data, read_across_frames=True)
         while filled <= expected and (got := reader.readinto(out[filled : expected + 1])):
             filled += got
     except zstandard.ZstdError as e:
+        _decoders.__dict__.pop(cap, None)
         raise CodecError(f"{what} is corrupt: {e}") from e
     if filled > expected:
+        _decoders.__dict__.pop(cap, None)  # it may hold a window: let it go
         raise CodecError(f"{what} holds more than the {expected} bytes expected")
     if filled < expected:
+        _decoders.__dict__.pop(cap, None)  # a cut frame leaves it mid-stream
         raise CodecError(f"{what} holds {filled} bytes, expected {expected}")
     return out[:expected]
+
+
+def _decoder(cap: int) -> zstandard.ZstdDecompressor:
+    """This thread's decoder of windows up to ``cap``. A new one costs ~40 us (its
+    context), as much as decoding a small section; once it decoded a frame that states its
+    size (all that checkflow writes) it holds ~96 KiB, and at most a ``cap`` window after
+    one that does not (dropped when that one was refused)."""
+    dctx = _decoders.__dict__.get(cap)
+    if dctx is None:
+        dctx = _decoders.__dict__[cap] = zstandard.ZstdDecompressor(max_window_size=cap)
+    return dctx

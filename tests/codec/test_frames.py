@@ -102,3 +102,16 @@ def test_concatenated_frames_decode_as_one_section_within_its_size():
         decompress(frames, 7_999, "s")
     with pytest.raises(CodecError, match="^s holds 8000 bytes, expected 8001$"):
         decompress(frames, 8_001, "s")
+
+
+def test_a_refused_frame_leaves_nothing_behind_for_the_next_section():
+    """Each thread reuses its decoder: after a bomb is stopped mid-frame, and after a cut
+    frame, the next section of the same size decodes exactly."""
+    good = os.urandom(10_000)
+    frame = zstandard.ZstdCompressor().compress(good)
+    cut = zstandard.ZstdCompressor(write_content_size=False).compress(good)[:-40]
+    bomb = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(bytes(1 << 22))
+    for bad in (bomb, cut, CLAIMS_1_TIB):
+        with pytest.raises(CodecError, match="^s "):
+            decompress(bad, 10_000, "s")
+        assert bytes(decompress(frame, 10_000, "s")) == good
