@@ -141,13 +141,13 @@ def decompress(data: Buffer, expected: int, what: str, out: memoryview | None = 
         while filled <= expected and (got := reader.readinto(out[filled : expected + 1])):
             filled += got
     except zstandard.ZstdError as e:
-        _decoders.__dict__.pop(cap, None)
+        _cached().pop(cap, None)
         raise CodecError(f"{what} is corrupt: {e}") from e
     if filled > expected:
-        _decoders.__dict__.pop(cap, None)  # it may hold a window: let it go
+        _cached().pop(cap, None)  # it may hold a window: let it go
         raise CodecError(f"{what} holds more than the {expected} bytes expected")
     if filled < expected:
-        _decoders.__dict__.pop(cap, None)  # a cut frame leaves it mid-stream
+        _cached().pop(cap, None)  # a cut frame leaves it mid-stream
         raise CodecError(f"{what} holds {filled} bytes, expected {expected}")
     return out[:expected]
 
@@ -157,7 +157,13 @@ def _decoder(cap: int) -> zstandard.ZstdDecompressor:
     context), as much as decoding a small section; once it decoded a frame that states its
     size (all that checkflow writes) it holds ~96 KiB, and at most a ``cap`` window after
     one that does not (dropped when that one was refused)."""
-    dctx = _decoders.__dict__.get(cap)
+    cache = _cached()
+    dctx = cache.get(cap)
     if dctx is None:
-        dctx = _decoders.__dict__[cap] = zstandard.ZstdDecompressor(max_window_size=cap)
+        dctx = cache[cap] = zstandard.ZstdDecompressor(max_window_size=cap)
     return dctx
+
+
+def _cached() -> dict[int, zstandard.ZstdDecompressor]:
+    by_cap: dict[int, zstandard.ZstdDecompressor] = _decoders.__dict__.setdefault("by_cap", {})
+    return by_cap
