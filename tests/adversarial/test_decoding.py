@@ -182,7 +182,9 @@ ZSTD_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("form", "frame", "message"), ZSTD_CASES)
+@pytest.mark.parametrize(
+    ("form", "frame", "message"), ZSTD_CASES, ids=[f"{f}-{fn.__name__}" for f, fn, _ in ZSTD_CASES]
+)
 def test_a_lying_zstd_chunk_is_damage_and_restore_falls_back(tmp_path, form, frame, message):
     root = tmp_path / "run"
     saved = _write(root, "zstd")
@@ -224,7 +226,11 @@ def _delta_chunk(codec_name: str) -> tuple[list[bytes], dict[str, Any], torch.Te
     return [bytes(memoryview(b)) for b in enc.data], enc.params, x0
 
 
-@pytest.mark.parametrize(("codec", "section", "name", "expected"), INCREMENTAL_CASES)
+@pytest.mark.parametrize(
+    ("codec", "section", "name", "expected"),
+    INCREMENTAL_CASES,
+    ids=[f"{c}-section-{s}" for c, s, _, _ in INCREMENTAL_CASES],
+)
 @pytest.mark.parametrize("lie", ["claims-1-tib", "bomb", "understated"])
 def test_a_lying_section_of_an_incremental_codec_is_a_codec_error(
     codec, section, name, expected, lie
