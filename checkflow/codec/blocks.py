@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import zstandard
 
+from checkflow.codec import frames
 from checkflow.codec.base import Buffer, CodecError
 
 INT_VIEW = {4: torch.int32, 2: torch.int16, 1: torch.uint8, 8: torch.int64}
@@ -108,12 +109,8 @@ def pack_bitmap(mask: np.ndarray) -> bytes:
 
 
 def unpack_bitmap(data: bytes | memoryview, nblocks: int) -> np.ndarray:
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=(nblocks + 7) // 8)
-    except zstandard.ZstdError as e:
-        raise CodecError(f"changed-block map is corrupt: {e}") from e
-    if len(raw) != (nblocks + 7) // 8:
-        raise CodecError(f"changed-block map has {len(raw)} bytes for {nblocks} blocks")
+    """The changed-block flags :func:`pack_bitmap` stored, decoded within their size."""
+    raw = frames.decompress(data, (nblocks + 7) // 8, "the changed-block map")
     return np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=nblocks).astype(bool)
 
 
@@ -123,16 +120,17 @@ def compress_section(data: bytes | memoryview) -> bytes:
 
 
 def decompress_section(data: memoryview, size: int, what: str) -> np.ndarray:
-    """The ``size`` bytes of a section written by :func:`compress_section`, as uint8."""
+    """The ``size`` bytes of a zstd section (:func:`compress_section`, a delta's payload) as
+    writable uint8, decoded within ``size`` (:mod:`.frames`).
+
+    Raises:
+        CodecError: naming ``what``: the section claims or decodes to another size.
+    """
     if size == 0:
+        if data.nbytes:
+            raise CodecError(f"{what}: {data.nbytes} stored bytes for an empty section")
         return np.zeros(0, dtype=np.uint8)
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
-    except zstandard.ZstdError as e:
-        raise CodecError(f"{what} are corrupt: {e}") from e
-    if len(raw) != size:
-        raise CodecError(f"{what}: {len(raw)} bytes, expected {size}")
-    return np.frombuffer(raw, dtype=np.uint8)
+    return np.frombuffer(frames.decompress(data, size, what), dtype=np.uint8)
 
 
 def split_sections(data: Buffer, sizes: list[int]) -> list[memoryview]:

@@ -158,9 +158,9 @@ class DeltaCodec(Codec):
             return out.reshape(shape)
         itemsize = itemsize_of(dtype)
         expected = sum(len(rows) * r.blen for r, rows, _ in where) * itemsize
-        raw = decompress_section(payload, expected, "the delta payload's bytes")
+        raw = decompress_section(payload, expected, "the delta payload")
         kernel = self._kernel()
-        packed = torch.from_numpy(raw.copy())  # writable: the shuffle works in place
+        packed = torch.from_numpy(raw)  # writable, decoded for this chunk alone
         if kernel is not None and itemsize > 1:
             xor = kernel.shuffle(packed, itemsize, True)
         else:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import zstandard
 
-from checkflow.codec import _native, nibbles
+from checkflow.codec import _native, frames, nibbles
 from checkflow.codec.base import (
     Buffer,
     Codec,
@@ -134,25 +134,12 @@ def _plane_buffer(index: int, nbytes: int) -> memoryview:
     return memoryview(view).cast("B")
 
 
-def _decompress(
-    frame: Buffer, nbytes: int, index: int, reuse: bool, slot: int | None = None
-) -> memoryview:
-    """Plane ``index`` decompressed from ``frame``: into this thread's buffer for it when
-    ``reuse``, else new memory; it is ``nbytes`` long unless the frame is damaged (at most
-    ``nbytes + 1`` bytes are produced, so a plane that decodes too long is seen as such)."""
-    try:
-        if not reuse:
-            return memoryview(
-                zstandard.ZstdDecompressor().decompress(frame, max_output_size=nbytes + 1)
-            )
-        out = _plane_buffer(index if slot is None else slot, nbytes + 1)
-        reader = zstandard.ZstdDecompressor().stream_reader(frame)
-        filled = 0
-        while filled < out.nbytes and (got := reader.readinto(out[filled:])):
-            filled += got
-        return out[:filled]
-    except zstandard.ZstdError as e:
-        raise CodecError(f"zstd data is corrupt in plane {index}: {e}") from e
+def _decompress(frame: Buffer, nbytes: int, what: str, reuse: bool, slot: int) -> memoryview:
+    """``nbytes`` decompressed from ``frame``: into this thread's buffer ``slot`` when
+    ``reuse``, else new memory. Bounded (:mod:`.frames`): a frame that claims or decodes to
+    more than ``nbytes`` is refused after at most ``nbytes + 1`` bytes."""
+    out = _plane_buffer(slot, nbytes + 1) if reuse else None
+    return frames.decompress(frame, nbytes, what, out)
 
 
 def _decode_nibbles(
@@ -167,7 +154,8 @@ def _decode_nibbles(
         raise CodecError(
             f"zstd plane {index}: {entry!r:.60} does not add up to {stored.nbytes} bytes"
         )
-    codes = _decompress(stored[:frame_nbytes], (nbytes + 1) // 2, index, reuse, slot=16 + index)
+    what = f"zstd plane {index}'s 4-bit codes"
+    codes = _decompress(stored[:frame_nbytes], (nbytes + 1) // 2, what, reuse, slot=16 + index)
     out: Any = _plane_buffer(index, nbytes) if reuse else memoryview(bytearray(nbytes))
     at = frame_nbytes + 4 * escapes
     nibbles.unpack(
@@ -200,7 +188,9 @@ def _unpack_planes(
                 f"zstd data ends after {view.nbytes} bytes, inside plane {len(planes)}"
             )
         if kind == "zstd":
-            piece = _decompress(piece, plane_nbytes, len(planes), reuse)
+            piece = _decompress(
+                piece, plane_nbytes, f"zstd plane {len(planes)}", reuse, len(planes)
+            )
         elif kind == "nib4":
             piece = _decode_nibbles(piece, entry, plane_nbytes, len(planes), reuse)
         elif kind != "raw":
@@ -313,8 +303,5 @@ def _decode_one_frame(
     data: Buffer, params: dict[str, Any], dtype: torch.dtype, shape: tuple[int, ...], nbytes: int
 ) -> torch.Tensor:
     """A chunk written before byte planes were stored apart: one frame of all of them."""
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=nbytes)
-    except zstandard.ZstdError as e:
-        raise CodecError(f"zstd data is corrupt: {e}") from e
+    raw = frames.decompress(data, nbytes, "zstd data")
     return tensor_from_bytes(unshuffle_bytes(raw, int(params.get("shuffle", 1))), dtype, shape)

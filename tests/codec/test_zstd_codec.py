@@ -141,7 +141,7 @@ def _planes(x: torch.Tensor) -> tuple[bytes, dict]:
         (lambda d, p: (d, {**p, "planes": [["lz4", e[1]] for e in p["planes"]]}), "unknown kind"),
         (
             lambda d, p: (d[: -p["planes"][3][1]] + b"\xff" * p["planes"][3][1], p),
-            "corrupt in plane 3",
+            "plane 3's 4-bit codes is corrupt: not a zstd frame",
         ),
     ],
     ids=["truncated", "trailing", "plane-count", "kind", "frame"],
