@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from checkflow.client import env
 from checkflow.client.env import CoordinatorSettings
-from checkflow.launch import jobtoken, rendezvous
+from checkflow.launch import jobtoken, rendezvous, world
 from checkflow.memory import area
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     Raises:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: the workers
             failed more often than ``--max-restarts`` allows.
+        WorldMismatch: the workers do not form the world launched (``launch.world``).
+        SignalException: the agent got SIGINT or SIGTERM; the workers were stopped.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import config_from_args
@@ -175,6 +178,7 @@ def run_agent(
 
     Raises:
         ChildFailedError: the workers failed more often than ``config.max_restarts`` allows.
+        WorldMismatch: the workers do not form the world launched (``launch.world``).
     """
     from torch.distributed.elastic import metrics
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -187,6 +191,7 @@ def run_agent(
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     spec = worker_spec(config, entrypoint, args)
     watch = CoordinatorWatch(coordinator) if coordinator.url else None
+    claims_dir = world.claims_folder()
     agent = CheckflowAgent(
         spec=spec,
         logs_specs=config.logs_specs,
@@ -196,6 +201,7 @@ def run_agent(
         watch=watch,
         warm=warm,
         ram_dir=ram_dir,
+        claims_dir=claims_dir,
     )
     shutdown_rdzv = True
     try:
@@ -215,6 +221,7 @@ def run_agent(
         for part in (watch, warm):  # the coordinator's watch, the spare workers
             if part is not None:
                 part.close()
+        shutil.rmtree(claims_dir, ignore_errors=True)
 
 
 def worker_spec(config: Any, entrypoint: Any, args: list[str]) -> Any:
