@@ -49,7 +49,7 @@ def write_claim(rank: int, world_size: int, environ: Mapping[str, str] = os.envi
     if not folder:
         return
     local = environ.get("LOCAL_RANK")
-    body = {"rank": rank, "world_size": world_size, "pid": os.getpid()}
+    body: dict[str, int | None] = {"rank": rank, "world_size": world_size, "pid": os.getpid()}
     body["local_rank"] = int(local) if local is not None and local.isdigit() else None
     path = os.path.join(folder, f"{_PREFIX}{os.getpid()}{_SUFFIX}")
     try:

@@ -240,6 +240,7 @@ class CheckflowAgent(LocalElasticAgent):
             rank: (f.exitcode, time.monotonic()) for rank, f in result.failures.items()
         }
         crashes = {r: at for r, (code, at) in seen.items() if recovery.is_crash(code)}
+        _name_first(result, seen)
         if self._watch is None:
             return result
         for rank, seen_at in crashes.items():
@@ -326,3 +327,21 @@ class CheckflowAgent(LocalElasticAgent):
         if r.marks is None and view is not None and view.asked_at >= r.started:
             r.marks = recovery.baseline(view, r.local_ranks)
         return r.marks
+
+
+def _name_first(result: RunResult, seen: dict[int, tuple[int, float]]) -> None:
+    """Order ``result``'s failures so that torch's ``get_first_failure`` (the oldest
+    timestamp, in whole seconds: workers the agent stopped tie with the one that crashed)
+    names a worker that crashed, then one that exited by itself, then one that was stopped."""
+    if not result.failures:
+        return
+
+    def order(rank: int) -> tuple[int, float]:
+        if rank not in seen:
+            return (2, 0.0)
+        code, at = seen[rank]
+        return (0 if recovery.is_crash(code) else 1, at)
+
+    base = min(f.timestamp for f in result.failures.values())
+    for n, rank in enumerate(sorted(result.failures, key=order)):
+        result.failures[rank].timestamp = base + n

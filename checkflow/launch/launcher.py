@@ -34,7 +34,9 @@ from checkflow.launch import jobtoken, rendezvous, world
 from checkflow.memory import area
 
 if TYPE_CHECKING:
+    from checkflow.launch.agent import CheckflowAgent
     from checkflow.launch.warm import WarmPool
+    from checkflow.launch.watch import CoordinatorWatch
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +186,6 @@ def run_agent(
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from checkflow.launch.agent import CheckflowAgent
     from checkflow.launch.watch import CoordinatorWatch
 
     if hasattr(config, "signals_to_handle"):  # torch <= 2.9 has no such setting
@@ -192,17 +193,7 @@ def run_agent(
     spec = worker_spec(config, entrypoint, args)
     watch = CoordinatorWatch(coordinator) if coordinator.url else None
     claims_dir = world.claims_folder()
-    agent = CheckflowAgent(
-        spec=spec,
-        logs_specs=config.logs_specs,
-        start_method=config.start_method,
-        log_line_prefix_template=config.log_line_prefix_template,
-        shutdown_timeout=getattr(config, "shutdown_timeout", SHUTDOWN_GRACE),
-        watch=watch,
-        warm=warm,
-        ram_dir=ram_dir,
-        claims_dir=claims_dir,
-    )
+    agent = _agent(config, spec, watch, warm, ram_dir, claims_dir)
     shutdown_rdzv = True
     try:
         if watch is not None:
@@ -222,6 +213,30 @@ def run_agent(
             if part is not None:
                 part.close()
         shutil.rmtree(claims_dir, ignore_errors=True)
+
+
+def _agent(
+    config: Any,
+    spec: Any,
+    watch: CoordinatorWatch | None,
+    warm: WarmPool | None,
+    ram_dir: str | None,
+    claims_dir: str,
+) -> CheckflowAgent:
+    """The agent of ``run_agent``, with torch's settings from ``config`` (``LaunchConfig``)."""
+    from checkflow.launch.agent import CheckflowAgent
+
+    return CheckflowAgent(
+        spec=spec,
+        logs_specs=config.logs_specs,
+        start_method=config.start_method,
+        log_line_prefix_template=config.log_line_prefix_template,
+        shutdown_timeout=getattr(config, "shutdown_timeout", SHUTDOWN_GRACE),
+        watch=watch,
+        warm=warm,
+        ram_dir=ram_dir,
+        claims_dir=claims_dir,
+    )
 
 
 def worker_spec(config: Any, entrypoint: Any, args: list[str]) -> Any:
