@@ -15,6 +15,11 @@ What it adds to torch's monitor step (:meth:`CheckflowAgent._monitor_workers`):
   restarted. This restarts a node whose own ranks look healthy when the fault is on
   another node.
 
+- **Workers that do not form the world launched** (:mod:`checkflow.launch.world`): their
+  claims are compared with the world each round; the agent raises ``WorldMismatch``
+  instead of restarting workers that would do the same again.
+- **Ctrl-C** reaches the workers as SIGTERM, not SIGINT (:meth:`CheckflowAgent._shutdown`).
+
 Restart counting (``--max-restarts``): a restart counts when the fault is on this node:
 a worker crashed, or the coordinator declared one of its ranks failed (silent, hung). A
 restart because the workers were told to abort for a fault elsewhere or a rollback does

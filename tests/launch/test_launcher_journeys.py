@@ -127,7 +127,9 @@ def test_the_ddp_example_healed_after_a_sigkill_ends_bitwise_equal_to_an_uninter
     def run(name: str, *extra: str) -> str:
         args = [str(EXAMPLES / "train_ddp.py"), "--dir", str(tmp_path / name), "--steps", "60"]
         args += ["--out", str(tmp_path / f"{name}.pt"), *extra]
-        rc, out = launch(tmp_path, "--nproc-per-node=2", "--max-restarts=1", *args, timeout=150)
+        # Cold restarts: spares would import torch beside the workers' own start-up here.
+        options = ["--nproc-per-node=2", "--max-restarts=1", "--no-warm-restarts"]
+        rc, out = launch(tmp_path, *options, *args, timeout=150)
         assert rc == 0, f"{name}: exit {rc}:\n{out[-3000:]}"
         return out
 
