@@ -8,7 +8,8 @@ Real launcher, real workers, a real coordinator (``checkflow serve``) where one 
 - ``examples/train_ddp.py`` with one rank SIGKILLed heals and ends bitwise equal to a run
   that was never killed;
 - Ctrl-C (SIGINT to the launcher alone, as a terminal sends it: torch starts every worker
-  in a session of its own) stops every worker and exits 130 without a traceback;
+  in a session of its own) stops every worker of ``examples/train_fsdp.py`` and exits 130
+  without a traceback;
 - a job that crashes in every round stops once ``--max-restarts`` ran out, exit 1
   (``_crash_job.py``: simulated ranks without torch, so that restarts, not imports, take
   the time).
@@ -147,18 +148,19 @@ def test_the_ddp_example_healed_after_a_sigkill_ends_bitwise_equal_to_an_uninter
 
 
 def test_ctrl_c_stops_every_worker_and_exits_130_without_a_traceback(tmp_path):
+    """On the FSDP2 example, which this also shows training under ``checkflow run``."""
     proc, out = start(
         tmp_path,
         "--nproc-per-node=2",
         "--no-warm-restarts",
-        str(EXAMPLES / "train_ddp.py"),
+        str(EXAMPLES / "train_fsdp.py"),
         "--dir",
         str(tmp_path / "ckpt"),
         "--steps",
         "100000000",
     )
     try:
-        wait_until(lambda: out.read_text().count(": start step 0") == 2, 90, "training")
+        wait_until(lambda: "step 100 loss" in out.read_text(), 90, "100 steps of training")
         workers = descendants(proc.pid)
         assert len(workers) >= 2
         proc.send_signal(signal.SIGINT)  # the launcher alone, as a terminal's Ctrl-C
