@@ -105,8 +105,7 @@ class Checkpointer:
         self.state = dict(state)
         self.codecs = CodecRules(cfg.codec)
         self.storage = Storage(uri, storage_options=cfg.storage_options)
-        self.group = distributed.resolve_group(process_group)
-        self.rank, self.world_size = distributed.rank_and_world(self.group)
+        self.group, self.rank, self.world_size = distributed.checkpoint_group(process_group)
         self.stats = CheckpointStats(interval=None if cfg.auto else int(cfg.every))
         self._tuner = FrequencyTuner(max_overhead=cfg.max_overhead) if cfg.auto else None
         self._optimizers = [o for o in self.state.values() if isinstance(o, torch.optim.Optimizer)]

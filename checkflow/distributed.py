@@ -21,7 +21,7 @@ from checkflow.parallel.agreement import (
     newest_readable,
     restore_point,
 )
-from checkflow.parallel.groups import rank_and_world, resolve_group
+from checkflow.parallel.groups import checkpoint_group, rank_and_world, resolve_group
 from checkflow.parallel.sharding import (
     Layout,
     LiveState,
@@ -46,6 +46,7 @@ __all__ = [
     "Shard",
     "StoreCommit",
     "balanced_writers",
+    "checkpoint_group",
     "consolidated_state_dicts",
     "dtensor_box",
     "global_state_names",

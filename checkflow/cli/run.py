@@ -84,11 +84,14 @@ def full_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Launch; exit 0 when the workers succeeded, 1 when restarts ran out."""
+    """Launch; exit 0 when the workers succeeded, 1 when restarts ran out, 2 when the
+    workers do not form the world launched, 128 + N when stopped by signal N (130: Ctrl-C)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from checkflow.folders import UnsafeFolderError
     from checkflow.launch.launcher import coordinator_settings, launch
+    from checkflow.launch.world import WorldMismatch
     from checkflow.memory.wire import NoSecretError
 
     options = full_parser().parse_args(args.argv)
@@ -104,8 +107,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     try:
         launch(options, settings)
-    except (NoSecretError, UnsafeFolderError) as e:
+    except (NoSecretError, UnsafeFolderError, WorldMismatch) as e:
         raise CliError(str(e)) from None
+    except SignalException as e:
+        # torch's agent turns SIGINT/SIGTERM into this and has stopped the workers by now.
+        raise CliError(
+            f"stopped by {e.sigval.name}; the workers were stopped, the checkpoints they "
+            "committed are kept",
+            128 + int(e.sigval),
+        ) from None
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         how = (

@@ -15,6 +15,11 @@ What it adds to torch's monitor step (:meth:`CheckflowAgent._monitor_workers`):
   restarted. This restarts a node whose own ranks look healthy when the fault is on
   another node.
 
+- **Workers that do not form the world launched** (:mod:`checkflow.launch.world`): their
+  claims are compared with the world each round; the agent raises ``WorldMismatch``
+  instead of restarting workers that would do the same again.
+- **Ctrl-C** reaches the workers as SIGTERM, not SIGINT (:meth:`CheckflowAgent._shutdown`).
+
 Restart counting (``--max-restarts``): a restart counts when the fault is on this node:
 a worker crashed, or the coordinator declared one of its ranks failed (silent, hung). A
 restart because the workers were told to abort for a fault elsewhere or a rollback does
@@ -35,8 +40,9 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from checkflow.claims import clear_claims, read_claims
 from checkflow.client.rank import ABORT_EXIT_CODE
-from checkflow.launch import recovery
+from checkflow.launch import recovery, world
 from checkflow.launch.warm import WarmPool
 from checkflow.launch.watch import CoordinatorWatch, JobView
 from checkflow.memory import area
@@ -76,6 +82,10 @@ class _Round:
     seen_failed: dict[int, tuple[int, float]] = field(default_factory=dict)
     reported: set[int] = field(default_factory=set)
     """Crashed ranks already reported to the coordinator."""
+    mismatch_since: float | None = None
+    """When a worker's claim first did not fit the world launched (``launch.world``)."""
+    world_checked: bool = False
+    """Every worker claimed, and the claims form the world launched."""
 
 
 class CheckflowAgent(LocalElasticAgent):
@@ -88,6 +98,8 @@ class CheckflowAgent(LocalElasticAgent):
         warm: spare interpreters that restarted workers start in (None: cold starts).
         ram_dir: the node's RAM-tier folder (``--ram-tier``): with a ``watch``, the JIT
             grace applies when its workers marked it (:data:`JIT_GRACE_S`).
+        claims_dir: where the workers claim their rank and world size
+            (``world.claims_folder``); None: not checked.
         *args, **kwargs: ``LocalElasticAgent``'s.
     """
 
@@ -98,6 +110,7 @@ class CheckflowAgent(LocalElasticAgent):
         abort_grace_s: float = ABORT_GRACE_S,
         warm: WarmPool | None = None,
         ram_dir: str | None = None,
+        claims_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         timeout = kwargs.pop("shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT)
@@ -109,10 +122,13 @@ class CheckflowAgent(LocalElasticAgent):
         self._warm = warm
         self._abort_grace_s = abort_grace_s
         self._ram_dir = ram_dir if watch is not None else None
+        self._claims_dir = claims_dir
         self._round = _Round(time.monotonic(), [])
 
     # --- torch's hooks --------------------------------------------------------------------
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        if self._claims_dir is not None:
+            clear_claims(self._claims_dir)  # the last round's processes have exited
         with self._warm.handlers() if self._warm else contextlib.nullcontext():
             ids = super()._start_workers(worker_group)
         self._round = _Round(time.monotonic(), [w.global_rank for w in worker_group.workers])
@@ -126,9 +142,19 @@ class CheckflowAgent(LocalElasticAgent):
             return super()._shutdown()
         self._shutdown(timeout=self._shutdown_timeout)
 
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, *args: Any, **kw: Any) -> None:
+        # Ctrl-C reaches the agent alone (torch starts each worker in a session of its own),
+        # and torch stops the workers with the signal it got: as SIGINT, every Python worker
+        # would print a KeyboardInterrupt traceback. SIGTERM stops them as surely, quietly.
+        if death_sig == signal.SIGINT:
+            death_sig = signal.SIGTERM
+        super()._shutdown(death_sig, *args, **kw)
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._warm is not None:
             self._warm.tick()
+        if self._world_unsettled(worker_group):
+            return RunResult(state=WorkerState.HEALTHY)  # waiting for the other claims
         if self._stop_others_after_a_failure(worker_group):
             return RunResult(state=WorkerState.HEALTHY)  # survivors writing their JIT copies
         result = super()._monitor_workers(worker_group)
@@ -137,6 +163,32 @@ class CheckflowAgent(LocalElasticAgent):
         if result.state == WorkerState.HEALTHY and self._watch is not None:
             return self._follow_job(worker_group, result)
         return result
+
+    # --- the world launched ----------------------------------------------------------------
+    def _world_unsettled(self, worker_group: WorkerGroup) -> bool:
+        """Compare this round's claims with the world launched (:mod:`.world`): True while a
+        claim does not fit and other running workers have not claimed yet.
+
+        Raises:
+            WorldMismatch: the claims do not form the world launched (no restart helps).
+        """
+        r = self._round
+        if self._claims_dir is None or r.world_checked or self._pcontext is None:
+            return False
+        handlers = getattr(self._pcontext, "subprocess_handlers", {})
+        pids = {h.proc.pid for h in handlers.values()}
+        claims = [c for c in read_claims(self._claims_dir) if c.pid in pids]
+        running = {h.proc.pid for h in handlers.values() if h.proc.poll() is None}
+        unclaimed = running - {c.pid for c in claims}
+        problem = world.world_problem(claims, worker_group.workers[0].world_size)
+        if problem is None:
+            r.world_checked = len(claims) == len(pids)
+            return False
+        now = time.monotonic()
+        r.mismatch_since = r.mismatch_since or now
+        if unclaimed and now - r.mismatch_since < world.CLAIM_GRACE_S:
+            return True
+        raise world.WorldMismatch(problem)
 
     # --- failures -------------------------------------------------------------------------
     def _stop_others_after_a_failure(self, worker_group: WorkerGroup) -> bool:
@@ -193,6 +245,7 @@ class CheckflowAgent(LocalElasticAgent):
             rank: (f.exitcode, time.monotonic()) for rank, f in result.failures.items()
         }
         crashes = {r: at for r, (code, at) in seen.items() if recovery.is_crash(code)}
+        _name_first(result, seen)
         if self._watch is None:
             return result
         for rank, seen_at in crashes.items():
@@ -279,3 +332,21 @@ class CheckflowAgent(LocalElasticAgent):
         if r.marks is None and view is not None and view.asked_at >= r.started:
             r.marks = recovery.baseline(view, r.local_ranks)
         return r.marks
+
+
+def _name_first(result: RunResult, seen: dict[int, tuple[int, float]]) -> None:
+    """Order ``result``'s failures so that torch's ``get_first_failure`` (the oldest
+    timestamp, in whole seconds: workers the agent stopped tie with the one that crashed)
+    names a worker that crashed, then one that exited by itself, then one that was stopped."""
+    if not result.failures:
+        return
+
+    def order(rank: int) -> tuple[int, float]:
+        if rank not in seen:
+            return (2, 0.0)
+        code, at = seen[rank]
+        return (0 if recovery.is_crash(code) else 1, at)
+
+    base = min(f.timestamp for f in result.failures.values())
+    for n, rank in enumerate(sorted(result.failures, key=order)):
+        result.failures[rank].timestamp = base + n

@@ -23,17 +23,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from checkflow.client import env
 from checkflow.client.env import CoordinatorSettings
-from checkflow.launch import jobtoken, rendezvous
+from checkflow.launch import jobtoken, rendezvous, world
 from checkflow.memory import area
 
 if TYPE_CHECKING:
+    from checkflow.launch.agent import CheckflowAgent
     from checkflow.launch.warm import WarmPool
+    from checkflow.launch.watch import CoordinatorWatch
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,8 @@ def launch(args: argparse.Namespace, coordinator: CoordinatorSettings) -> None:
     Raises:
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: the workers
             failed more often than ``--max-restarts`` allows.
+        WorldMismatch: the workers do not form the world launched (``launch.world``).
+        SignalException: the agent got SIGINT or SIGTERM; the workers were stopped.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import config_from_args
@@ -175,28 +180,20 @@ def run_agent(
 
     Raises:
         ChildFailedError: the workers failed more often than ``config.max_restarts`` allows.
+        WorldMismatch: the workers do not form the world launched (``launch.world``).
     """
     from torch.distributed.elastic import metrics
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from checkflow.launch.agent import CheckflowAgent
     from checkflow.launch.watch import CoordinatorWatch
 
     if hasattr(config, "signals_to_handle"):  # torch <= 2.9 has no such setting
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     spec = worker_spec(config, entrypoint, args)
     watch = CoordinatorWatch(coordinator) if coordinator.url else None
-    agent = CheckflowAgent(
-        spec=spec,
-        logs_specs=config.logs_specs,
-        start_method=config.start_method,
-        log_line_prefix_template=config.log_line_prefix_template,
-        shutdown_timeout=getattr(config, "shutdown_timeout", SHUTDOWN_GRACE),
-        watch=watch,
-        warm=warm,
-        ram_dir=ram_dir,
-    )
+    claims_dir = world.claims_folder()
+    agent = _agent(config, spec, watch, warm, ram_dir, claims_dir)
     shutdown_rdzv = True
     try:
         if watch is not None:
@@ -215,6 +212,31 @@ def run_agent(
         for part in (watch, warm):  # the coordinator's watch, the spare workers
             if part is not None:
                 part.close()
+        shutil.rmtree(claims_dir, ignore_errors=True)
+
+
+def _agent(
+    config: Any,
+    spec: Any,
+    watch: CoordinatorWatch | None,
+    warm: WarmPool | None,
+    ram_dir: str | None,
+    claims_dir: str,
+) -> CheckflowAgent:
+    """The agent of ``run_agent``, with torch's settings from ``config`` (``LaunchConfig``)."""
+    from checkflow.launch.agent import CheckflowAgent
+
+    return CheckflowAgent(
+        spec=spec,
+        logs_specs=config.logs_specs,
+        start_method=config.start_method,
+        log_line_prefix_template=config.log_line_prefix_template,
+        shutdown_timeout=getattr(config, "shutdown_timeout", SHUTDOWN_GRACE),
+        watch=watch,
+        warm=warm,
+        ram_dir=ram_dir,
+        claims_dir=claims_dir,
+    )
 
 
 def worker_spec(config: Any, entrypoint: Any, args: list[str]) -> Any:
