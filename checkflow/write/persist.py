@@ -29,7 +29,7 @@ import torch
 
 from checkflow import knobs, objects
 from checkflow import manifest as mf
-from checkflow.catalog import apply_retention
+from checkflow.catalog import RetentionError, apply_retention
 from checkflow.codec import CodecRules, get_codec
 from checkflow.codec.base import dtype_name
 from checkflow.storage import Storage
@@ -181,15 +181,25 @@ class PersistWorker:
                 else:
                     job.future.set_result(job.snapshot.step)
                 if retain:
-                    self._retain()
+                    self._retain(job.snapshot.step)
 
-    def _retain(self) -> None:
+    def _retain(self, step: int) -> None:
         """Delete the committed steps beyond ``keep``; a failure is logged, never raised:
         the checkpoint that triggered it is already committed and reported."""
+        failing = bool(self.stats.retention_error)
         try:
             apply_retention(self.storage, self.keep)
+            self.stats.retention_error = ""
+            if failing:
+                self.commit.retention_done(step, 0, "", permanent=False)
         except Exception as e:
-            log.warning("retention after a commit failed (old steps stay): %s", e)
+            failed = e.failures if isinstance(e, RetentionError) else []
+            permanent = isinstance(e, RetentionError) and e.permanent
+            why = "the store refuses it; retrying will not help" if permanent else "retried later"
+            self.stats.retention_failures += 1
+            self.stats.retention_error = f"{e} ({why})"
+            log.warning("retention after step %d left old steps (%s): %s", step, why, e)
+            self.commit.retention_done(step, len(failed) or 1, str(e), permanent=permanent)
         finally:
             with self._retention:
                 self._retentions_due -= 1
