@@ -113,6 +113,15 @@ class Metrics:
     """Seconds from each rank's fault to its declaration (see ``declare_failed``)."""
     trained_again: list[float] = field(default_factory=list)
     """Seconds from a declared failure to the job's first step past its restore step."""
+    retention_failures: dict[str, int] = field(default_factory=dict)
+    """Per job: retention runs that left old checkpoints (storage grows past ``keep``)."""
+    retention_failing: dict[str, bool] = field(default_factory=dict)
+    """Per job: whether its latest retention report was a failure."""
+
+    def retention_reported(self, job: str, *, failed: bool) -> None:
+        """Count a rank's retention report (``POST .../retention``)."""
+        self.retention_failures[job] = self.retention_failures.get(job, 0) + failed
+        self.retention_failing[job] = failed
 
     def observe(self, changes: Changes) -> None:
         """Count what one decision did."""
@@ -149,6 +158,22 @@ class Metrics:
         out += _counter(
             "checkflow_failures_detected_total", "Ranks declared failed.", self.failures_detected
         )
+        out += [
+            "# HELP checkflow_retention_failures_total Retention runs that left old checkpoints.",
+            "# TYPE checkflow_retention_failures_total counter",
+        ]
+        out += [
+            f'checkflow_retention_failures_total{{job="{_label(j)}"}} {n}'
+            for j, n in self.retention_failures.items()
+        ]
+        out += [
+            "# HELP checkflow_retention_failing 1 while a job's latest retention failed.",
+            "# TYPE checkflow_retention_failing gauge",
+        ]
+        out += [
+            f'checkflow_retention_failing{{job="{_label(j)}"}} {int(v)}'
+            for j, v in self.retention_failing.items()
+        ]
         out += _histogram(
             "checkflow_recovery_duration_seconds",
             "Time from a failure to every rank registered again.",
