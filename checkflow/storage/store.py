@@ -13,11 +13,9 @@ transient errors and fails at once on the rest (:mod:`checkflow.storage.errors`)
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import posixpath
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import fsspec
@@ -25,21 +23,24 @@ from fsspec.implementations.local import LocalFileSystem
 
 from checkflow import knobs
 from checkflow.storage.atomic import write_file_atomic
+from checkflow.storage.deletes import TreeDeleter
 from checkflow.storage.direct import ReadBuffers, read_range, write_parts
-from checkflow.storage.errors import Failure, StorageError, access_message, classify_error
+from checkflow.storage.errors import (
+    Failure,
+    StorageAccessError,
+    StorageError,
+    access_message,
+    classify_error,
+)
 from checkflow.storage.local import check_inside, delete_tree, entry_kind, open_regular
 from checkflow.storage.mapped import map_range
 from checkflow.storage.retry import call_with_retries
-from checkflow.storage.s3compat import batch_delete_refused, send_content_md5
 from checkflow.types import Buffer
 
 T = TypeVar("T")
-log = logging.getLogger("checkflow.storage")
 
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 0.1
-DELETE_THREADS = 8
-"""Concurrent single-object deletes where a server refuses batch deletes."""
 MAP_MIN_BYTES = 1 << 20
 """Local ranges this long or longer are mapped, not copied (:mod:`checkflow.storage.mapped`):
 chunks. Manifests and small objects are read into a ``bytearray`` as before."""
@@ -89,9 +90,7 @@ class Storage:
         self.reads = 0
         """Calls that read from the root (``read``, ``listdir``): how a test proves that a
         restore from the RAM tier did not touch storage."""
-        self._one_by_one = False
-        """The server refused a batch delete (:mod:`~checkflow.storage.s3compat`): delete
-        one object per request from then on."""
+        self._deleter = TreeDeleter(self.fs, name=uri)
 
     def __repr__(self) -> str:
         return f"Storage({self.uri!r})"
@@ -322,6 +321,7 @@ class Storage:
         Raises:
             ValueError: ``relpath`` names the root itself (``""``, ``"."``) or lies outside it.
             StorageError: the delete failed after ``retries`` attempts.
+            StorageAccessError: the store refuses it, or answered yet kept objects.
         """
         target = self.path(relpath)
         if target == self.root:
@@ -331,49 +331,18 @@ class Storage:
             if self.local:  # never through a link, never outside the root
                 delete_tree(self.root, target)
                 return
-            try:
-                if self._one_by_one:
-                    self._delete_each(target)
-                    return
-                send_content_md5(self.fs, knobs.s3_delete_md5())
-                self.fs.rm(target, recursive=True)
-                if not self.local and self.fs.find(self._uncached(relpath), withdirs=True):
-                    # A gateway over a file system (JuiceFS) keeps the emptied folders as
-                    # "step/" objects, which a batch delete of the files leaves behind.
-                    self._delete_each(target)
-            except FileNotFoundError as e:
-                if classify_error(e) is not Failure.NOT_FOUND:
-                    raise
-            except OSError as e:
-                if not batch_delete_refused(e):
-                    raise
-                # The server refuses batch deletes (s3compat): one object at a time works,
-                # and from now on this root skips the batch that would only fail again.
-                log.warning("%s refuses batch deletes (%s); deleting one by one", self.uri, e)
-                self._one_by_one = True
-                self._delete_each(target)
+            left = self._deleter.delete(target)
+            if left:
+                raise StorageAccessError(self._kept_message(relpath, left), Failure.DENIED)
 
         self._retry(f"delete {self.url(relpath)}", once)
 
-    def _delete_each(self, target: str) -> None:
-        """Delete ``target`` and everything under it with one request per object, deepest
-        first: a gateway over a file system removes a folder only once it is empty."""
-        self.fs.invalidate_cache(target)
-        found = {target, *self.fs.find(target, withdirs=True)}
-        by_depth: dict[int, list[str]] = {}
-        for path in found:
-            by_depth.setdefault(path.rstrip("/").count("/"), []).append(path)
-        with ThreadPoolExecutor(DELETE_THREADS) as pool:
-            for depth in sorted(by_depth, reverse=True):
-                list(pool.map(self._delete_object, sorted(by_depth[depth])))
-        self.fs.invalidate_cache(target)
-
-    def _delete_object(self, path: str) -> None:
-        try:
-            self.fs.rm_file(path)
-        except FileNotFoundError as e:
-            if classify_error(e) is not Failure.NOT_FOUND:
-                raise
+    def _kept_message(self, relpath: str, left: list[str]) -> str:
+        return (
+            f"delete {self.url(relpath)} failed: the store answered but kept {len(left)} "
+            f"object(s) ({left[0]}…): a read-only endpoint, or credentials without delete "
+            f"rights; use an endpoint and credentials that may delete under {self.uri}"
+        )
 
     def _uncached(self, relpath: str) -> str:
         # s3fs answers exists/size/ls from a listing cache filled by earlier calls; other
