@@ -214,7 +214,7 @@ class RetentionError(Exception):
 
 
 def delete_steps(storage: Storage, steps: list[int]) -> list[DeleteFailure]:
-    """Delete these step folders; returns the ones not deleted (logged). After the first
+    """Delete these step folders; returns the ones not deleted, and why. After the first
     permanent refusal the rest are not tried: they would be refused the same way."""
     failed: list[DeleteFailure] = []
     for i, step in enumerate(steps):
@@ -223,8 +223,8 @@ def delete_steps(storage: Storage, steps: list[int]) -> list[DeleteFailure]:
             storage.delete(f"{mf.step_dir(step)}/{mf.MANIFEST}")
             storage.delete(mf.step_dir(step))
         except (OSError, StorageAccessError) as e:
-            # A failed deletion must not fail the checkpoint that triggered it.
-            log.warning("could not delete %s: %s", storage.url(mf.step_dir(step)), e)
+            # A failed deletion must not fail the checkpoint that triggered it; the caller
+            # says it once (the Checkpointer's log and stats, gc's error line).
             permanent = _permanent(e)
             failed.append(DeleteFailure(step, str(e), permanent))
             if permanent:

@@ -114,7 +114,7 @@ class Metrics:
     trained_again: list[float] = field(default_factory=list)
     """Seconds from a declared failure to the job's first step past its restore step."""
     retention_failures: dict[str, int] = field(default_factory=dict)
-    """Per job: retention runs that left old checkpoints (storage grows past ``keep``)."""
+    """Per job: times its retention started failing (storage grows past ``keep``)."""
     retention_failing: dict[str, bool] = field(default_factory=dict)
     """Per job: whether its latest retention report was a failure."""
 
@@ -159,7 +159,7 @@ class Metrics:
             "checkflow_failures_detected_total", "Ranks declared failed.", self.failures_detected
         )
         out += [
-            "# HELP checkflow_retention_failures_total Retention runs that left old checkpoints.",
+            "# HELP checkflow_retention_failures_total Times a job's retention started failing.",
             "# TYPE checkflow_retention_failures_total counter",
         ]
         out += [

@@ -62,9 +62,9 @@ def _failed(failures: list[DeleteFailure]) -> CliError:
     permanent = [f for f in failures if f.permanent]
     if permanent:
         return CliError(
-            f"could not delete step(s) {steps}: the store refuses it "
-            f"({permanent[0].reason}); running gc again will not help: give the credentials "
-            "delete rights or use a writable endpoint, then run gc again",
+            f"could not delete step(s) {steps}: {permanent[0].reason}; the store refuses it, "
+            "so running gc again will not help until that is fixed (every kept checkpoint "
+            "still reads)",
             EXIT_USAGE,
         )
     return CliError(

@@ -9,7 +9,8 @@ a delete there can fail without an error:
   objects; so after a delete the folder is listed again, and what is left is deleted one
   object at a time, whose errors do reach us (``AccessDenied``…);
 - a gateway over a file system (JuiceFS) keeps emptied folders as ``step/`` objects, which
-  that second pass removes too (deepest first: a folder goes only once it is empty);
+  that second pass removes too (deepest first: a folder goes only once it is empty), or a
+  last delete of the folder's own key when nothing else is left;
 - a server that refuses batch deletes outright (:mod:`~checkflow.storage.s3compat`) gets
   one request per object from then on.
 
@@ -58,9 +59,12 @@ class TreeDeleter:
         except FileNotFoundError as e:
             if classify_error(e) is not Failure.NOT_FOUND:
                 raise
-        if not self._left(target):
-            return []
-        self._delete_each(target)
+        if self._left(target):
+            self._delete_each(target)
+        else:
+            # The emptied folder a gateway over a file system keeps; it lists only in its
+            # parent, so delete it blindly: elsewhere a missing key is a 204 and no error.
+            self._delete_object(target)
         return self._left(target)
 
     def _delete_tree(self, target: str) -> None:
@@ -80,10 +84,7 @@ class TreeDeleter:
     def _left(self, target: str) -> list[str]:
         # Not the listing cache: it still holds what this process listed before the delete.
         self.fs.invalidate_cache(target)
-        left = set(self.fs.find(target, withdirs=True))
-        if not left and self.fs.exists(target):
-            left.add(target)  # an emptied folder kept as a "step/" object lists as nothing
-        return sorted(left)
+        return sorted(self.fs.find(target, withdirs=True))
 
     def _delete_each(self, target: str) -> None:
         """One request per object under ``target`` (and ``target``), deepest first."""
