@@ -162,3 +162,23 @@ def test_gc_against_a_read_only_gateway_exits_2_and_does_not_ask_to_retry(
     )
     assert res.stdout == "kept 1 checkpoint(s): 2\n"
     assert where.steps() == [step_dir(1), step_dir(2)]
+
+
+def test_gc_after_transient_failures_exits_1_and_asks_to_run_it_again(
+    s3_uri: Any, faulty_s3: Any, s3_fault_proxy: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every batch delete answered 500 (through the fault proxy in front of moto): that may
+    # pass later, so here, and only here, gc says to run it again.
+    from checkflow.cli import main
+
+    where = _moto(s3_fault_proxy.upstream)
+    _train(dataclasses.replace(where, uri=s3_uri.uri), 2, keep=0)
+    s3_fault_proxy.fail("POST", times=1000, status=500)  # s3fs itself does not retry a 500
+    flags = [f"--storage-option=client_kwargs.endpoint_url={s3_fault_proxy.endpoint}"]
+    flags.append("--storage-option=config_kwargs.retries.total_max_attempts=1")  # botocore's
+    assert main(["gc", faulty_s3.uri, "--keep", "1", *flags]) == 1
+    out, err = capsys.readouterr()
+    assert out == "kept 1 checkpoint(s): 2\n"
+    assert err.startswith(f"checkflow: error: could not delete step(s) 1 (delete {s3_uri.uri}/")
+    assert err.endswith("the store failed transiently: run gc again\n")
+    assert s3_fault_proxy.count("POST") == 5  # Storage's retries, then it gave up
