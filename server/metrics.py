@@ -163,7 +163,7 @@ class Metrics:
             "# TYPE checkflow_retention_failures_total counter",
         ]
         out += [
-            f'checkflow_retention_failures_total{{job="{_label(j)}"}} {n}'
+            f'checkflow_retention_failures_total{{{JOB_LABEL}="{_label(j)}"}} {n}'
             for j, n in self.retention_failures.items()
         ]
         out += [
@@ -171,7 +171,7 @@ class Metrics:
             "# TYPE checkflow_retention_failing gauge",
         ]
         out += [
-            f'checkflow_retention_failing{{job="{_label(j)}"}} {int(v)}'
+            f'checkflow_retention_failing{{{JOB_LABEL}="{_label(j)}"}} {int(v)}'
             for j, v in self.retention_failing.items()
         ]
         out += _histogram(

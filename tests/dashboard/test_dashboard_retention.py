@@ -69,8 +69,8 @@ def test_refused_deletes_show_in_stats_metrics_and_the_dashboard_until_they_work
     ]
     assert told[1].detail["permanent"] is True and "AccessDenied" in str(told[1].detail["error"])
     metrics = server.http().get("/metrics").text
-    assert f'checkflow_retention_failures_total{{job="{job}"}} 1' in metrics.splitlines()
-    assert f'checkflow_retention_failing{{job="{job}"}} 1' in metrics.splitlines()
+    assert f'checkflow_retention_failures_total{{checkflow_job="{job}"}} 1' in metrics.splitlines()
+    assert f'checkflow_retention_failing{{checkflow_job="{job}"}} 1' in metrics.splitlines()
 
     browser.set_extra_http_headers({"Authorization": f"Bearer {TOKEN}"})
     page = browser.pages[0]
@@ -91,7 +91,7 @@ def test_refused_deletes_show_in_stats_metrics_and_the_dashboard_until_they_work
     assert _steps(client, bucket) == [step_dir(4)]
     assert server.events(job)[-1].kind == "retention_ok"
     metrics = server.http().get("/metrics").text
-    assert f'checkflow_retention_failing{{job="{job}"}} 0' in metrics.splitlines()
+    assert f'checkflow_retention_failing{{checkflow_job="{job}"}} 0' in metrics.splitlines()
     page.reload()
     expect(page.locator("#job-name")).to_have_text(job)  # rendered with the new events
     expect(warning).to_have_count(0)

@@ -71,6 +71,7 @@ def test_every_alert_names_only_metrics_a_real_coordinator_exposes(scrape: str) 
         "CheckflowCheckpointTooOld",
         "CheckflowRanksLost",
         "CheckflowPersistFailing",
+        "CheckflowRetentionFailing",
     ]
     used = {m for r in rules for m in re.findall(r"\b(checkflow_[a-z_]+)", r["expr"])}
     exposed = set(re.findall(r"^# TYPE (checkflow_[a-z_]+) ", scrape, re.MULTILINE))

@@ -23,14 +23,14 @@ def test_a_failure_then_a_recovery_are_events_and_metrics(client: TestClient) ->
     r = client.post("/v1/jobs/r/ranks/1/retention", json=FAILED)
     assert r.status_code == 200 and r.json()["name"] == "r"
     assert _series(client, "r") == [
-        'checkflow_retention_failures_total{job="r"} 1',
-        'checkflow_retention_failing{job="r"} 1',
+        'checkflow_retention_failures_total{checkflow_job="r"} 1',
+        'checkflow_retention_failing{checkflow_job="r"} 1',
     ]
     ok = {"generation": 0, "step": 8, "failed": 0}
     assert client.post("/v1/jobs/r/ranks/1/retention", json=ok).status_code == 200
     assert _series(client, "r") == [
-        'checkflow_retention_failures_total{job="r"} 1',
-        'checkflow_retention_failing{job="r"} 0',
+        'checkflow_retention_failures_total{checkflow_job="r"} 1',
+        'checkflow_retention_failing{checkflow_job="r"} 0',
     ]
     events = [e for e in client.get("/v1/jobs/r/events").json()["events"] if e["rank"] == 1]
     assert [(e["kind"], e["detail"]) for e in events[-2:]] == [
