@@ -114,9 +114,10 @@ class Metrics:
     trained_again: list[float] = field(default_factory=list)
     """Seconds from a declared failure to the job's first step past its restore step."""
     retention_failures: dict[str, int] = field(default_factory=dict)
-    """Per job: times its retention started failing (storage grows past ``keep``)."""
+    """Per job: times its retention started failing (storage grows past ``keep``); a job
+    that never reported shows 0, as does every series of a job it knows."""
     retention_failing: dict[str, bool] = field(default_factory=dict)
-    """Per job: whether its latest retention report was a failure."""
+    """Per job: whether its latest retention report was a failure (none: no)."""
 
     def retention_reported(self, job: str, *, failed: bool) -> None:
         """Count a rank's retention report (``POST .../retention``)."""
@@ -163,16 +164,18 @@ class Metrics:
             "# TYPE checkflow_retention_failures_total counter",
         ]
         out += [
-            f'checkflow_retention_failures_total{{{JOB_LABEL}="{_label(j)}"}} {n}'
-            for j, n in self.retention_failures.items()
+            f'checkflow_retention_failures_total{{{JOB_LABEL}="{_label(j.name)}"}} '
+            f"{self.retention_failures.get(j.name, 0)}"
+            for j in jobs
         ]
         out += [
             "# HELP checkflow_retention_failing 1 while a job's latest retention failed.",
             "# TYPE checkflow_retention_failing gauge",
         ]
         out += [
-            f'checkflow_retention_failing{{{JOB_LABEL}="{_label(j)}"}} {int(v)}'
-            for j, v in self.retention_failing.items()
+            f'checkflow_retention_failing{{{JOB_LABEL}="{_label(j.name)}"}} '
+            f"{int(self.retention_failing.get(j.name, False))}"
+            for j in jobs
         ]
         out += _histogram(
             "checkflow_recovery_duration_seconds",

@@ -53,7 +53,7 @@ def run(*cmd: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]
 def test_the_alert_rules_pass_promtool_check_rules() -> None:
     result = run(debian_tool("promtool"), "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 4 rules found" in result.stdout
+    assert "SUCCESS: 5 rules found" in result.stdout
 
 
 def test_the_alert_rules_fire_for_the_right_jobs_in_promtool_unit_tests() -> None:
@@ -200,6 +200,7 @@ def test_a_real_prometheus_stores_checkflow_job_and_holds_ranks_lost_for_the_cra
             "CheckflowCheckpointTooOld": "ok",
             "CheckflowRanksLost": "ok",
             "CheckflowPersistFailing": "ok",
+            "CheckflowRetentionFailing": "ok",
         }
 
 
