@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 
 from checkflow import knobs, manifest_json, validate
 from checkflow import manifest as mf
-from checkflow.storage import Storage
+from checkflow.storage import (
+    Failure,
+    Storage,
+    StorageAccessError,
+    StorageError,
+    classify_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,25 +183,73 @@ def plan_retention(cat: Catalog, keep: int) -> RetentionPlan:
     )
 
 
-def delete_steps(storage: Storage, steps: list[int]) -> list[int]:
-    """Delete these step folders; returns the steps that could not be deleted (logged)."""
-    failed = []
-    for step in steps:
+@dataclass(frozen=True, slots=True)
+class DeleteFailure:
+    """A step folder retention could not delete, and whether trying again can help."""
+
+    step: int
+    reason: str
+    """The store's words (or checkflow's one line for an access error)."""
+    permanent: bool
+    """The store refuses it (access denied, an unsupported request, a read-only endpoint):
+    the same delete fails again until the store or the credentials change."""
+
+
+class RetentionError(Exception):
+    """Retention left step folders it should have deleted; the checkpoints stay readable.
+
+    Attributes:
+        failures: each step not deleted, with its reason.
+    """
+
+    def __init__(self, failures: list[DeleteFailure]) -> None:
+        self.failures = failures
+        steps = ", ".join(str(f.step) for f in failures)
+        super().__init__(f"could not delete step(s) {steps}: {failures[0].reason}")
+
+    @property
+    def permanent(self) -> bool:
+        """Whether the store refuses the deletes (retrying cannot help)."""
+        return any(f.permanent for f in self.failures)
+
+
+def delete_steps(storage: Storage, steps: list[int]) -> list[DeleteFailure]:
+    """Delete these step folders; returns the ones not deleted, and why. After the first
+    permanent refusal the rest are not tried: they would be refused the same way."""
+    failed: list[DeleteFailure] = []
+    for i, step in enumerate(steps):
         try:
             # The commit marker goes first: a half-deleted checkpoint is then invisible.
             storage.delete(f"{mf.step_dir(step)}/{mf.MANIFEST}")
             storage.delete(mf.step_dir(step))
-        except OSError as e:
-            # A failed deletion must not fail the checkpoint that triggered it.
-            log.warning("could not delete %s: %s", storage.url(mf.step_dir(step)), e)
-            failed.append(step)
+        except (OSError, StorageAccessError) as e:
+            # A failed deletion must not fail the checkpoint that triggered it; the caller
+            # says it once (the Checkpointer's log and stats, gc's error line).
+            permanent = _permanent(e)
+            failed.append(DeleteFailure(step, str(e), permanent))
+            if permanent:
+                failed += [DeleteFailure(s, str(e), True) for s in steps[i + 1 :]]
+                break
     return failed
+
+
+def _permanent(error: BaseException) -> bool:
+    # A StorageError is a transient error that outlived its retries: a later run may pass.
+    if isinstance(error, StorageAccessError):
+        return True
+    return not isinstance(error, StorageError) and classify_error(error) is not Failure.TRANSIENT
 
 
 def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> list[int]:
     """Delete checkpoints beyond the ``keep`` newest committed ones (and abandoned partial
-    folders). Returns the deleted steps. Never touches the newest committed checkpoint."""
+    folders). Returns the deleted steps. Never touches the newest committed checkpoint.
+
+    Raises:
+        RetentionError: some folders were not deleted (the others were).
+    """
     plan = plan_retention(scan(storage), keep)
     if not dry_run:
-        delete_steps(storage, plan.delete)
+        failed = delete_steps(storage, plan.delete)
+        if failed:
+            raise RetentionError(failed)
     return plan.delete

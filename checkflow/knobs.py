@@ -6,6 +6,8 @@ CHECKFLOW_DIRECT_IO            1 (default): local checkpoint files bypass the pa
                                (O_DIRECT, see checkflow.storage.direct); 0: buffered writes
 CHECKFLOW_MAX_MANIFEST_BYTES   largest manifest file a reader reads and parses (default 64 MiB);
                                a larger one is damage, refused before it is read
+CHECKFLOW_S3_DELETE_MD5        1 (default): S3 batch deletes carry Content-MD5, which MinIO-family
+                               servers require (checkflow.storage.s3compat); 0: they do not
 CHECKFLOW_TEST_COMMIT_DELAY_S  fault injection: sleep between the rank manifest and the
                                commit, so a test can kill a process mid-persist
 """
@@ -25,6 +27,7 @@ _DEFAULTS = {
     "CHECKFLOW_PERSIST_NICE": "0",
     "CHECKFLOW_READ_THREADS": "2",
     "CHECKFLOW_DIRECT_IO": "1",
+    "CHECKFLOW_S3_DELETE_MD5": "1",
     # About 200,000 chunk entries of one rank; checkflow's own manifests are far smaller.
     "CHECKFLOW_MAX_MANIFEST_BYTES": str(64 << 20),
 }
@@ -70,6 +73,10 @@ def persist_nice() -> int:
 
 def direct_io() -> bool:
     return _get("CHECKFLOW_DIRECT_IO").strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def s3_delete_md5() -> bool:
+    return _get("CHECKFLOW_S3_DELETE_MD5").strip().lower() not in ("0", "false", "no", "off", "")
 
 
 def commit_delay_s() -> float:

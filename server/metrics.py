@@ -113,6 +113,16 @@ class Metrics:
     """Seconds from each rank's fault to its declaration (see ``declare_failed``)."""
     trained_again: list[float] = field(default_factory=list)
     """Seconds from a declared failure to the job's first step past its restore step."""
+    retention_failures: dict[str, int] = field(default_factory=dict)
+    """Per job: times its retention started failing (storage grows past ``keep``); a job
+    that never reported shows 0, as does every series of a job it knows."""
+    retention_failing: dict[str, bool] = field(default_factory=dict)
+    """Per job: whether its latest retention report was a failure (none: no)."""
+
+    def retention_reported(self, job: str, *, failed: bool) -> None:
+        """Count a rank's retention report (``POST .../retention``)."""
+        self.retention_failures[job] = self.retention_failures.get(job, 0) + failed
+        self.retention_failing[job] = failed
 
     def observe(self, changes: Changes) -> None:
         """Count what one decision did."""
@@ -149,6 +159,24 @@ class Metrics:
         out += _counter(
             "checkflow_failures_detected_total", "Ranks declared failed.", self.failures_detected
         )
+        out += [
+            "# HELP checkflow_retention_failures_total Times a job's retention started failing.",
+            "# TYPE checkflow_retention_failures_total counter",
+        ]
+        out += [
+            f'checkflow_retention_failures_total{{{JOB_LABEL}="{_label(j.name)}"}} '
+            f"{self.retention_failures.get(j.name, 0)}"
+            for j in jobs
+        ]
+        out += [
+            "# HELP checkflow_retention_failing 1 while a job's latest retention failed.",
+            "# TYPE checkflow_retention_failing gauge",
+        ]
+        out += [
+            f'checkflow_retention_failing{{{JOB_LABEL}="{_label(j.name)}"}} '
+            f"{int(self.retention_failing.get(j.name, False))}"
+            for j in jobs
+        ]
         out += _histogram(
             "checkflow_recovery_duration_seconds",
             "Time from a failure to every rank registered again.",

@@ -46,6 +46,7 @@ from checkflow.protocol import (
     Registration,
     RestoredReport,
     RestorePoint,
+    RetentionReport,
 )
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,12 @@ class Coordinator:
     def restored(self, name: str, rank: int, body: RestoredReport) -> RestorePoint:
         job = self.job(name)
         return self._apply(job, *checkpoints.restored(job, rank, body, self.clock()))
+
+    def retention(self, name: str, rank: int, body: RetentionReport) -> JobPublic:
+        job = self.job(name)
+        self._apply(job, *checkpoints.retention(job, rank, body, self.clock()))
+        self.metrics.retention_reported(name, failed=body.failed > 0)
+        return views.job_public(job)
 
     def list_checkpoints(self, name: str, *, limit: int) -> CheckpointList:
         job = self.job(name)

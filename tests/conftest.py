@@ -20,6 +20,9 @@ Fixtures:
     s3_fault_proxy: a :class:`FaultyS3Proxy` in front of moto that fails the requests a
         test asks it to (``s3_fault_proxy.fail("PUT", times=2, status=503)``).
     faulty_s3: an :class:`S3Location` in a new bucket whose endpoint is ``s3_fault_proxy``.
+    juicefs_volume: ``(meta URL, folder)`` of a JuiceFS volume for the session.
+    juicefs_gateway: a :class:`~tests.support.juicefs.Gateway` serving it as S3 (MinIO's
+        gateway code: a second S3 implementation beside moto), started on first use.
 The helpers behind them (``s3_options``, ``S3Location``, ``FaultyS3Proxy``, ``free_port``…)
 are in the ``tests.support`` package: import them from there, never from this file.
 """
@@ -29,9 +32,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.support.juicefs import Gateway, format_volume, start_gateway
 from tests.support.moto_server import start_moto
 from tests.support.s3 import (
     FaultyS3Proxy,
@@ -97,3 +102,21 @@ def faulty_s3(s3_fault_proxy: FaultyS3Proxy, s3_bucket: str) -> S3Location:
     """A new bucket reached through ``s3_fault_proxy``: ask for both fixtures in a test."""
     endpoint = s3_fault_proxy.endpoint
     return S3Location(f"s3://{s3_bucket}/run", s3_options(endpoint), env_for(endpoint))
+
+
+@pytest.fixture(scope="session")
+def juicefs_volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A JuiceFS volume (sqlite metadata, local blocks) for the session's gateways."""
+    root = tmp_path_factory.mktemp("juicefs")
+    return format_volume(root), root
+
+
+@pytest.fixture(scope="session")
+def juicefs_gateway(juicefs_volume: tuple[str, Path]) -> Iterator[Gateway]:
+    """``juicefs gateway`` on 127.0.0.1:<free port> for the whole session."""
+    meta, root = juicefs_volume
+    gateway = start_gateway(meta, root / "gateway")
+    try:
+        yield gateway
+    finally:
+        gateway.stop()

@@ -11,10 +11,18 @@ import argparse
 from typing import TYPE_CHECKING
 
 from checkflow.cli.arguments import Command, add_uri, open_root
-from checkflow.cli.output import EXIT_FAILED, EXIT_OK, CliError, fmt_steps, human_bytes, line
+from checkflow.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    fmt_steps,
+    human_bytes,
+    line,
+)
 
 if TYPE_CHECKING:
-    from checkflow.catalog import Catalog, RetentionPlan
+    from checkflow.catalog import Catalog, DeleteFailure, RetentionPlan
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the plan, carry it out unless ``--dry-run``; exit 1 if a deletion failed."""
+    """Print the plan, carry it out unless ``--dry-run``; exit 1 if a deletion failed and
+    may pass when run again, 2 if the store refuses deletes (then it says what to fix)."""
     if args.keep < 1:
         raise CliError(
             f"--keep must be at least 1 (got {args.keep}); gc keeps the newest checkpoints, "
@@ -40,14 +49,29 @@ def run(args: argparse.Namespace) -> int:
             f"there; check the URI or run 'checkflow ls {args.uri}'"
         )
     plan = plan_retention(cat, args.keep)
-    failed = [] if args.dry_run else delete_steps(storage, plan.delete)
-    _print_plan(args.uri, cat, plan, dry_run=args.dry_run, failed=failed)
-    if failed:
-        raise CliError(
-            f"could not delete step(s) {fmt_steps(failed)} (see the warnings); run gc again",
-            EXIT_FAILED,
-        )
+    failures = [] if args.dry_run else delete_steps(storage, plan.delete)
+    _print_plan(args.uri, cat, plan, dry_run=args.dry_run, failed=[f.step for f in failures])
+    if failures:
+        raise _failed(failures)
     return EXIT_OK
+
+
+def _failed(failures: list[DeleteFailure]) -> CliError:
+    """What to do about steps left: run gc again only when that can help."""
+    steps = fmt_steps([f.step for f in failures])
+    permanent = [f for f in failures if f.permanent]
+    if permanent:
+        return CliError(
+            f"could not delete step(s) {steps}: {permanent[0].reason}; the store refuses it, "
+            "so running gc again will not help until that is fixed (every kept checkpoint "
+            "still reads)",
+            EXIT_USAGE,
+        )
+    return CliError(
+        f"could not delete step(s) {steps} ({failures[0].reason}); the store failed "
+        "transiently: run gc again",
+        EXIT_FAILED,
+    )
 
 
 def _print_plan(

@@ -44,6 +44,7 @@ from checkflow.protocol import (
     Registration,
     RestoredReport,
     RestorePoint,
+    RetentionReport,
     Schedule,
     paths,
 )
@@ -165,9 +166,8 @@ class CoordinatorClient:
         """Start the heartbeat thread (a daemon: it never keeps the process alive)."""
         if self._thread is not None:
             return
-        self._thread = threading.Thread(
-            target=self._heartbeat_loop, name=f"checkflow-heartbeat-{self.rank}", daemon=True
-        )
+        name = f"checkflow-heartbeat-{self.rank}"
+        self._thread = threading.Thread(target=self._heartbeat_loop, name=name, daemon=True)
         self._thread.start()
 
     def report_progress(
@@ -274,6 +274,11 @@ class CoordinatorClient:
         except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
             logger.warning("could not report the step rank %d restored: %s", self.rank, e)
 
+    def report_retention(self, report: RetentionReport) -> None:
+        """Retention after a commit failed (``report.failed`` > 0) or works again."""
+        path = paths.path(paths.RETENTION, job=self.job, rank=self.rank)
+        self._reports.tell(path, report, JobPublic, f"retention after step {report.step}")
+
     def finish(self) -> None:
         """Training ended normally: the coordinator stops watching this rank. Call it before
         :meth:`close`; without it, the rank's silence after exit is declared a failure."""
@@ -328,13 +333,8 @@ class CoordinatorClient:
         self._generation, self._advised = reply.generation, reply.restore_step
         self._schedule = reply.schedule
         self._reach.back()
-        logger.info(
-            "rank %d registered with coordinator %s: generation %d, restore step %s",
-            self.rank,
-            self.url,
-            reply.generation,
-            reply.restore_step,
-        )
+        said = "rank %d registered with coordinator %s: generation %d, restore step %s"
+        logger.info(said, self.rank, self.url, reply.generation, reply.restore_step)
         return reply
 
     def _heartbeat_loop(self) -> None:

@@ -55,6 +55,13 @@ class Channel:
         except ValidationError as e:
             raise CoordinatorUnavailable(f"unreadable reply to {method} {path}: {e}") from e
 
+    def tell(self, path: str, body: BaseModel, reply: type[BaseModel], what: str) -> None:
+        """POST a report the rank can do without: a failure is one warning, never raised."""
+        try:
+            self.call("POST", path, body, reply)
+        except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
+            logger.warning("could not report %s: %s", what, e)
+
     def close(self) -> None:
         self._http.close()
 

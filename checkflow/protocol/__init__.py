@@ -40,6 +40,7 @@ from checkflow.protocol.messages import (
     Registration,
     RestoredReport,
     RestorePoint,
+    RetentionReport,
 )
 from checkflow.protocol.schedule import Schedule
 from checkflow.protocol.status import (
@@ -92,6 +93,7 @@ __all__ = [
     "RegisterRequest",
     "Registration",
     "RestoredReport",
+    "RetentionReport",
     "RestorePoint",
     "Schedule",
     "paths",

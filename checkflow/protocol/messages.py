@@ -274,6 +274,23 @@ class RestoredReport(Strict):
     step: Step | None = Field(description="The step it restored; null: none (step 0).")
 
 
+class RetentionReport(Strict):
+    """What deleting old checkpoints did after a commit (``keep=``): sent by the committing
+    rank when it failed, and once when it works again."""
+
+    generation: Generation
+    step: Step = Field(description="The commit after which retention ran.")
+    failed: Annotated[
+        int,
+        Field(ge=0, le=MAX_INT, description="Step folders left that it should have deleted."),
+        NoBool,
+    ]
+    permanent: StrictBool = Field(
+        default=False, description="The store refuses the deletes: retrying cannot help."
+    )
+    error: str = Field(default="", max_length=1024, description="Why, in the store's words.")
+
+
 class CheckpointPublic(BaseModel):
     step: int
     status: CheckpointStatus

@@ -23,8 +23,15 @@ from fsspec.implementations.local import LocalFileSystem
 
 from checkflow import knobs
 from checkflow.storage.atomic import write_file_atomic
+from checkflow.storage.deletes import TreeDeleter
 from checkflow.storage.direct import ReadBuffers, read_range, write_parts
-from checkflow.storage.errors import Failure, StorageError, access_message, classify_error
+from checkflow.storage.errors import (
+    Failure,
+    StorageAccessError,
+    StorageError,
+    access_message,
+    classify_error,
+)
 from checkflow.storage.local import check_inside, delete_tree, entry_kind, open_regular
 from checkflow.storage.mapped import map_range
 from checkflow.storage.retry import call_with_retries
@@ -83,6 +90,7 @@ class Storage:
         self.reads = 0
         """Calls that read from the root (``read``, ``listdir``): how a test proves that a
         restore from the RAM tier did not touch storage."""
+        self._deleter = TreeDeleter(self.fs, name=uri)
 
     def __repr__(self) -> str:
         return f"Storage({self.uri!r})"
@@ -313,6 +321,7 @@ class Storage:
         Raises:
             ValueError: ``relpath`` names the root itself (``""``, ``"."``) or lies outside it.
             StorageError: the delete failed after ``retries`` attempts.
+            StorageAccessError: the store refuses it, or answered yet kept objects.
         """
         target = self.path(relpath)
         if target == self.root:
@@ -322,13 +331,18 @@ class Storage:
             if self.local:  # never through a link, never outside the root
                 delete_tree(self.root, target)
                 return
-            try:
-                self.fs.rm(target, recursive=True)
-            except FileNotFoundError as e:
-                if classify_error(e) is not Failure.NOT_FOUND:
-                    raise
+            left = self._deleter.delete(target)
+            if left:
+                raise StorageAccessError(self._kept_message(relpath, left), Failure.DENIED)
 
         self._retry(f"delete {self.url(relpath)}", once)
+
+    def _kept_message(self, relpath: str, left: list[str]) -> str:
+        return (
+            f"delete {self.url(relpath)} failed: the store answered but kept {len(left)} "
+            f"object(s) ({left[0]}…): a read-only endpoint, or credentials without delete "
+            f"rights; use an endpoint and credentials that may delete under {self.uri}"
+        )
 
     def _uncached(self, relpath: str) -> str:
         # s3fs answers exists/size/ls from a listing cache filled by earlier calls; other

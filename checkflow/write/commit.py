@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from checkflow import manifest as mf
+from checkflow.protocol import RetentionReport
 from checkflow.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,12 @@ class CommitProtocol(ABC):
     @abstractmethod
     def rank_persisted(self, step: int, rank: RankResult) -> bool:
         """Record that ``rank`` stored its part of ``step``; True means: commit it now."""
+
+    def retention_done(self, step: int, failed: int, error: str, *, permanent: bool) -> None:
+        """The committing rank's retention after ``step`` left ``failed`` old steps (0: it
+        works again after failing), because of ``error``. Called on the persist thread;
+        without a coordinator there is no one to tell (``stats`` and the log say it)."""
+        return None
 
 
 class SingleProcessCommit(CommitProtocol):
@@ -103,6 +110,13 @@ class PersistReporter(Protocol):
         ``tier`` ``"ram"``: the part is in node memory (``checkflow.memory``); ``jit``: a
         just-in-time copy that stands for every rank (``checkflow.memory.jit``)."""
 
+    @property
+    def generation(self) -> int | None:
+        """The rank's generation; None before it registered."""
+
+    def report_retention(self, report: RetentionReport) -> None:
+        """Retention after a commit failed, or works again; never raises."""
+
 
 class CoordinatorCommit(CommitProtocol):
     """Asks the coordinator which rank commits; falls back to ``local`` when it is down.
@@ -124,6 +138,15 @@ class CoordinatorCommit(CommitProtocol):
         if answer is None:
             return self.local.rank_persisted(step, rank)
         return bool(answer)
+
+    def retention_done(self, step: int, failed: int, error: str, *, permanent: bool) -> None:
+        generation = self.client.generation
+        if generation is None:
+            return
+        report = RetentionReport(
+            generation=generation, step=step, failed=failed, permanent=permanent, error=error[:1024]
+        )
+        self.client.report_retention(report)
 
 
 def commit_protocol(ranks: CommitProtocol | None, client: PersistReporter | None) -> CommitProtocol:

@@ -29,7 +29,7 @@ import torch
 
 from checkflow import knobs, objects
 from checkflow import manifest as mf
-from checkflow.catalog import apply_retention
+from checkflow.catalog import RetentionError, apply_retention
 from checkflow.codec import CodecRules, get_codec
 from checkflow.codec.base import dtype_name
 from checkflow.storage import Storage
@@ -116,6 +116,8 @@ class PersistWorker:
         self._retentions_due = 0
         """Commits resolved whose retention has not run yet (counted before the future
         resolves, so whoever saw the future done and calls ``settle`` waits for it)."""
+        self._retention_told: tuple[int, bool] | None = None
+        """(folders left, permanent) of the retention outcome the coordinator last heard."""
         self._thread = threading.Thread(target=self._run, name="checkflow-persist", daemon=True)
         self._thread.start()
 
@@ -181,15 +183,28 @@ class PersistWorker:
                 else:
                     job.future.set_result(job.snapshot.step)
                 if retain:
-                    self._retain()
+                    self._retain(job.snapshot.step)
 
-    def _retain(self) -> None:
-        """Delete the committed steps beyond ``keep``; a failure is logged, never raised:
-        the checkpoint that triggered it is already committed and reported."""
+    def _retain(self, step: int) -> None:
+        """Delete the committed steps beyond ``keep``; a failure is counted in ``stats`` and
+        logged, never raised: the checkpoint that triggered it is already committed. The
+        coordinator hears the first outcome and each change (failing, or working again)."""
         try:
             apply_retention(self.storage, self.keep)
+            self.stats.retention_error = ""
+            if self._retention_told != (0, False):
+                self._retention_told = (0, False)
+                self.commit.retention_done(step, 0, "", permanent=False)
         except Exception as e:
-            log.warning("retention after a commit failed (old steps stay): %s", e)
+            failed = len(e.failures) if isinstance(e, RetentionError) else 1
+            permanent = isinstance(e, RetentionError) and e.permanent
+            why = "the store refuses it; retrying will not help" if permanent else "retried later"
+            self.stats.retention_failures += 1
+            self.stats.retention_error = f"{e} ({why})"
+            log.warning("retention after step %d left old steps (%s): %s", step, why, e)
+            if self._retention_told is None or self._retention_told[0] == 0:
+                self._retention_told = (failed, permanent)
+                self.commit.retention_done(step, failed, str(e), permanent=permanent)
         finally:
             with self._retention:
                 self._retentions_due -= 1

@@ -44,3 +44,9 @@ class CheckpointStats:
     """``"full"`` or ``"delta"``: what this rank stored for its newest checkpoint."""
     persist_times: list[float] = field(default_factory=list)
     """Wall time of every persist, in order."""
+    retention_failures: int = 0
+    """Retention runs on this rank (after its commits, ``keep=``) that left old steps they
+    should have deleted: storage then grows past ``keep``."""
+    retention_error: str = ""
+    """Why the latest retention left steps behind, and whether retrying can help; empty
+    once a retention deleted all it should."""

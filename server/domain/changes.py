@@ -31,6 +31,11 @@ class EventKind(StrEnum):
     """After a failure (or roll-back), a rank of the new generation trained past its
     restore step: the recovery is over. Its detail has the fault kind, detection latency,
     restore step and the seconds until then."""
+    RETENTION_FAILED = "retention_failed"
+    """The committing rank could not delete old checkpoints after a commit (``keep=``): its
+    detail has the step, how many folders stay, whether retrying can help, and why."""
+    RETENTION_OK = "retention_ok"
+    """Retention deleted all it should again, after a ``retention_failed``."""
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from checkflow.protocol import (
     PartReport,
     RestoredReport,
     RestorePoint,
+    RetentionReport,
 )
 
 RAM_STEPS_KEPT = 4
@@ -262,3 +263,19 @@ def _part_reply(job: Job, ck: Checkpoint, *, must_commit: bool) -> PartReply:
         world_size=job.world_size,
         must_commit=must_commit,
     )
+
+
+def retention(job: Job, rank: int, body: RetentionReport, now: float) -> tuple[None, Changes]:
+    """``rank`` deleted old checkpoints after committing ``body.step``, or failed to: an
+    event either way (the dashboard and ``/metrics`` show the latest). Storage is not read:
+    the folders left are the rank's word, and ``checkflow gc`` can delete them later.
+
+    Raises:
+        NotFound: an unknown rank.
+    """
+    check_rank(job, rank)
+    changes = Changes()
+    kind = EventKind.RETENTION_FAILED if body.failed else EventKind.RETENTION_OK
+    detail = {"step": body.step, "failed": body.failed, "permanent": body.permanent}
+    changes.event(job, kind, now, rank, {**detail, "error": body.error})
+    return None, changes

@@ -53,7 +53,7 @@ def run(*cmd: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]
 def test_the_alert_rules_pass_promtool_check_rules() -> None:
     result = run(debian_tool("promtool"), "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 4 rules found" in result.stdout
+    assert "SUCCESS: 5 rules found" in result.stdout
 
 
 def test_the_alert_rules_fire_for_the_right_jobs_in_promtool_unit_tests() -> None:
@@ -71,6 +71,7 @@ def test_every_alert_names_only_metrics_a_real_coordinator_exposes(scrape: str) 
         "CheckflowCheckpointTooOld",
         "CheckflowRanksLost",
         "CheckflowPersistFailing",
+        "CheckflowRetentionFailing",
     ]
     used = {m for r in rules for m in re.findall(r"\b(checkflow_[a-z_]+)", r["expr"])}
     exposed = set(re.findall(r"^# TYPE (checkflow_[a-z_]+) ", scrape, re.MULTILINE))
@@ -199,6 +200,7 @@ def test_a_real_prometheus_stores_checkflow_job_and_holds_ranks_lost_for_the_cra
             "CheckflowCheckpointTooOld": "ok",
             "CheckflowRanksLost": "ok",
             "CheckflowPersistFailing": "ok",
+            "CheckflowRetentionFailing": "ok",
         }
 
 

@@ -101,6 +101,8 @@ def test_a_failed_retention_is_logged_and_fails_no_checkpoint(tmp_path, monkeypa
     with caplog.at_level(logging.WARNING, logger="checkflow.write.persist"):
         ck = _run(str(tmp_path), small_state(), 3, every=1, keep=1)
     assert ck.stats.failed == 0
+    assert ck.stats.retention_failures == 3  # after each commit, counted, never raised
+    assert ck.stats.retention_error == "listing refused (retried later)"
     assert [c.step for c in list_checkpoints(str(tmp_path))] == [1, 2, 3]
     assert any("listing refused" in r.getMessage() for r in caplog.records)
 

@@ -89,5 +89,9 @@ def test_render_labels_every_job_series_checkflow_job_and_omits_absent_checkpoin
         'checkflow_checkpoint_interval_steps{checkflow_job="new"} 10',
         'checkflow_latest_checkpoint_step{checkflow_job="a\\"b"} 30',
         'checkflow_latest_checkpoint_timestamp_seconds{checkflow_job="a\\"b"} 1796000000.125',
+        'checkflow_retention_failures_total{checkflow_job="a\\"b"} 0',
+        'checkflow_retention_failures_total{checkflow_job="new"} 0',
+        'checkflow_retention_failing{checkflow_job="a\\"b"} 0',
+        'checkflow_retention_failing{checkflow_job="new"} 0',
     ]
     assert not [line for line in lines if "{job=" in line]

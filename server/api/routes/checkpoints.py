@@ -14,10 +14,12 @@ from checkflow.protocol import (
     CheckpointList,
     CheckpointPublic,
     CommitReport,
+    JobPublic,
     PartReply,
     PartReport,
     RestoredReport,
     RestorePoint,
+    RetentionReport,
     paths,
 )
 
@@ -50,6 +52,14 @@ async def restored(
 ) -> RestorePoint:
     """Storage is the truth: committed steps above the one the rank could read go."""
     return coordinator.restored(job, rank, body)
+
+
+@router.post(paths.RETENTION, summary="Deleting old checkpoints failed, or works again")
+async def retention(
+    job: str, rank: RankPath, body: RetentionReport, coordinator: CoordinatorDep
+) -> JobPublic:
+    """An event (``retention_failed`` / ``retention_ok``), counted in ``/metrics``."""
+    return coordinator.retention(job, rank, body)
 
 
 @router.get(paths.CHECKPOINTS, summary="Checkpoints of the job, newest first")

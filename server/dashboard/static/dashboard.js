@@ -229,6 +229,24 @@ function renderRecoveries(events) {
     { id: "failures-table" }));
 }
 
+// ---- Retention ----------------------------------------------------------------------------
+
+// Old checkpoints left on storage (keep=): shown while the latest retention report failed.
+function renderRetention(events) {
+  const last = events.filter((e) => e.kind === "retention_failed" || e.kind === "retention_ok").pop();
+  if (!last || last.kind === "retention_ok") {
+    fill("retention");
+    return;
+  }
+  const d = last.detail;
+  const advice = d.permanent
+    ? "The store refuses the deletes: fix its permissions or endpoint, then run checkflow gc."
+    : "Retried after the next commit.";
+  fill("retention", el("p", { class: "error", role: "alert", id: "retention-failing" },
+    `Retention failing: after step ${d.step}, ${d.failed} old checkpoint folder(s) were not ` +
+    `deleted and storage grows past keep (rank ${last.rank}, ${clock(last.time)}): ${d.error}. ${advice}`));
+}
+
 // ---- Plots ------------------------------------------------------------------------------
 
 function linePlot(points, { format, budget, stepped }) {
@@ -327,6 +345,7 @@ async function renderJob(job) {
   fill("interval-plot", linePlot(intervalSeries(job, events, now), { format: (v) => v.toFixed(0), stepped: true }));
   fill("overhead-plot", linePlot(overheadSeries(job, events), { format: pct, budget: job.max_overhead }));
   renderCheckpoints(cks);
+  renderRetention(events);
   renderRanks(ranks);
   renderRecoveries(events);
 }
