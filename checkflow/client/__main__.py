@@ -69,7 +69,7 @@ def simulate_rank(argv: list[str] | None = None) -> int:
             client._stop.set()  # the heartbeat thread dies with the "hung" process
             time.sleep(3600)
         client.report_progress(step, args.step_time, args.stall, args.step_time)
-        if client.should_checkpoint(step):
+        if client.schedule is not None and client.schedule.is_checkpoint(step):
             must_commit = client.report_persisted(step, 1000, args.step_time, f"step-{step}")
             if must_commit:
                 client.report_committed(step)

@@ -49,6 +49,7 @@ from checkflow.protocol.status import (
     CheckpointStatus,
     CheckpointTier,
     FaultKind,
+    IntervalMode,
     RankState,
 )
 
@@ -74,6 +75,7 @@ __all__ = [
     "Health",
     "Heartbeat",
     "HeartbeatReply",
+    "IntervalMode",
     "JobCreate",
     "JobCreated",
     "JobList",
