@@ -117,8 +117,12 @@ def run(
         while time.monotonic() < deadline:
             shown = server.job(job)
             if ckpt.stats.interval == shown.interval:
-                result.adopted, result.shown, result.status = ckpt.stats.interval, shown, status()
-                break
+                cell = status()
+                # A retune between the two reads (once a second) would make the cell another
+                # interval's: kept only when the API still shows the same one after it.
+                if server.job(job).interval == shown.interval:
+                    result.adopted, result.shown, result.status = shown.interval, shown, cell
+                    break
             for _ in range(sample_every):  # one look per sample_every: steps stay short
                 train_one()
             result.extra_steps += sample_every
