@@ -153,12 +153,7 @@ class Checkpointer:
         if self.config.coordinator:
             self._connect()  # before the persist worker: its commit protocol needs the client
         sync = self._sync
-        self._policy = save_policy(
-            self.config.every,
-            self._tuner,
-            agreed_interval=lambda: sync.interval if sync is not None else None,
-            ask=self._client.should_checkpoint if self._client is not None else None,
-        )
+        self._policy = save_policy(self.config.every, self._tuner, self._sync, self._client)
         self._persist = PersistWorker(
             self.storage,
             rank=self.rank,
@@ -273,6 +268,7 @@ class Checkpointer:
         self._jit.mark(self._step)
         assert self._policy is not None
         due = self._policy.is_due(self._step, self._last_checkpoint_step)
+        self.stats.interval = self._policy.interval
         ram_due = self._ram is not None and self._ram.is_due(self._step)
         future = self._checkpoint(force=False, storage=due) if due or ram_due else None
         self._last_step_end = time.perf_counter()
@@ -331,7 +327,7 @@ class Checkpointer:
             self._global_names,
             self._sync,
             busy=busy,
-            interval=self._tuner.interval if self._tuner is not None else None,
+            interval=self._policy.proposed if self._policy is not None else None,
             rank=self.rank,
         )
         if shards is None:
@@ -387,9 +383,9 @@ class Checkpointer:
         dt = now - self._last_step_end
         meter = self._meter
         if self._client is not None:
-            self._client.report_progress(self._step, dt, meter.last_cost_s, meter.last_persist_s)
+            self._client.report_progress(self._step, *meter.reported(dt))
         if meter.step_ended(dt):
-            self.stats.interval = meter.retune(log, self._step)
+            meter.retune(log, self._step)
 
     def _on_persisted(self, result: RankResult) -> None:
         # Runs on the persist thread, which has counted the result in self.stats.

@@ -24,4 +24,5 @@ def coordinator_client(
         storage_uri=storage_uri,
         max_overhead=cfg.max_overhead,
         hang_timeout_s=cfg.hang_timeout,
+        every=None if cfg.auto else int(cfg.every),
     )

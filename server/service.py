@@ -99,7 +99,8 @@ class Coordinator:
         """The job named ``body.name``: created now (True) or the existing one (False)."""
         existing = self.jobs.get(body.name)
         if existing is not None:
-            self._save(existing, jobs.reopen_job(existing, body, self.clock()))
+            changes = jobs.reopen_job(existing, body, self.clock(), self.warmup_interval)
+            self._save(existing, changes)
             return views.job_public(existing), False
         job, changes = jobs.create_job(body, self.clock(), self.warmup_interval)
         self._save(job, changes)
@@ -239,7 +240,7 @@ def _log(job: Job, changes: Changes) -> None:
         if e.kind == EventKind.INTERVAL_CHANGED:
             d = e.detail
             logger.info(
-                "job %s: interval %d -> %d from step %d",
+                "job %s: interval %d -> %d (adopted at step %d at the latest)",
                 job.name,
                 d["old_interval"],
                 d["interval"],

@@ -31,24 +31,10 @@ def make_client(url: str, rank: int = 0, world: int = 1, **kw: object) -> Coordi
     return CoordinatorClient(url, "job", rank, world, token=TOKEN, **kw)  # type: ignore[arg-type]
 
 
-def test_schedule_keeps_the_old_interval_below_the_new_anchor() -> None:
-    s = CheckpointSchedule(anchor=110, interval=20, previous_anchor=10, previous_interval=10)
-    assert [k for k in range(0, 160) if s.is_checkpoint(k)] == [
-        10,
-        20,
-        30,
-        40,
-        50,
-        60,
-        70,
-        80,
-        90,
-        100,
-        110,
-        130,
-        150,
-    ]
-    assert (s.next_after(95), s.next_after(100), s.next_after(110)) == (100, 110, 130)
+def test_the_schedule_counts_from_its_anchor() -> None:
+    s = CheckpointSchedule(anchor=20, interval=112)
+    assert [k for k in range(0, 400) if s.is_checkpoint(k)] == [132, 244, 356]
+    assert (s.next_after(95), s.next_after(132)) == (132, 244)
 
 
 def test_register_heartbeat_and_report_steps(server: ThreadServer) -> None:
@@ -66,13 +52,30 @@ def test_register_heartbeat_and_report_steps(server: ThreadServer) -> None:
         wait_until(lambda: server.get("/v1/jobs/job/ranks")["ranks"][0]["step"] == 7)
         rank = server.get("/v1/jobs/job/ranks")["ranks"][0]
         assert (rank["iteration_s"], rank["stall_s"], rank["persist_s"]) == (0.1, 0.01, 0.2)
-        assert c.next_checkpoint_step == 10 and c.should_checkpoint(10) is True
-        assert c.should_checkpoint(11) is False
+        assert c.tuned_interval is None  # the coordinator's warm-up: the rank tunes its own
         assert c.report_persisted(10, 123, 0.5, "step-000000010/rank-00000.json") is True
         c.report_committed(10)
         c.finish()
     assert server.get("/v1/jobs/job/restore-point")["step"] == 10
     assert server.get("/v1/jobs/job/ranks")["ranks"][0]["state"] == "finished"
+
+
+def test_a_fixed_every_creates_a_job_shown_as_fixed(server: ThreadServer) -> None:
+    with make_client(server.url, every=20) as c:
+        reg = c.register()
+        assert reg is not None and (reg.interval, reg.schedule.mode) == (20, "fixed")
+        assert c.tuned_interval is None  # never the coordinator's: the rank's own 20
+    job = server.get("/v1/jobs/job")
+    assert (job["interval"], job["schedule"]["mode"], job["next_checkpoint_step"]) == (
+        20,
+        "fixed",
+        20,
+    )
+
+
+def test_a_fixed_every_the_coordinator_would_refuse_is_said_at_once() -> None:
+    with pytest.raises(ValueError, match="(?s)job settings the coordinator would refuse.*every"):
+        make_client("http://127.0.0.1:9", every=0)
 
 
 def test_finish_sends_the_last_progress_a_short_run_never_beat(server: ThreadServer) -> None:
@@ -195,7 +198,7 @@ def test_a_reply_that_is_not_the_protocol_counts_as_unavailable(
     try:
         with make_client(f"http://127.0.0.1:{httpd.server_address[1]}") as c:
             assert c.register() is None  # training goes on, as with no coordinator
-            assert c.should_checkpoint(10) is None
+            assert c.schedule is None and c.tuned_interval is None
     finally:
         httpd.shutdown()
         thread.join(10)

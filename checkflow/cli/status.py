@@ -67,7 +67,7 @@ def _print_jobs(jobs: list[JobPublic]) -> None:
                 j.world_size,
                 j.ranks_alive,
                 j.generation,
-                j.interval,
+                f"{j.interval} {j.schedule.mode}",
                 j.next_checkpoint_step,
                 j.restore_step,
                 j.failures,

@@ -29,6 +29,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=100, help="train up to this step")
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--stall", type=float, default=0.005, help="reported snapshot stall")
+    p.add_argument(
+        "--every",
+        type=int,
+        default=10,
+        help="fixed checkpoint interval (a Checkpointer's ranks adopt a tuned one together "
+        "at a checkpoint, in their c10d store; simulated ranks have no store)",
+    )
     p.add_argument("--heartbeat-interval", type=float, default=0.2)
     p.add_argument("--heartbeat-timeout", type=float, default=3.0)
     p.add_argument("--crash-at", type=int, help="os._exit(1) when reaching this step")
@@ -56,6 +63,7 @@ def simulate_rank(argv: list[str] | None = None) -> int:
         token=args.token,
         heartbeat_interval_s=args.heartbeat_interval,
         heartbeat_timeout_s=args.heartbeat_timeout,
+        every=args.every,
     )
     reg = client.register()
     start = (reg.restore_step or 0) if reg else 0
@@ -69,7 +77,7 @@ def simulate_rank(argv: list[str] | None = None) -> int:
             client._stop.set()  # the heartbeat thread dies with the "hung" process
             time.sleep(3600)
         client.report_progress(step, args.step_time, args.stall, args.step_time)
-        if client.should_checkpoint(step):
+        if client.schedule is not None and client.schedule.is_checkpoint(step):
             must_commit = client.report_persisted(step, 1000, args.step_time, f"step-{step}")
             if must_commit:
                 client.report_committed(step)

@@ -35,6 +35,7 @@ from checkflow.protocol import (
     CommitReport,
     FinishRequest,
     HeartbeatReply,
+    IntervalMode,
     JobCreate,
     JobPublic,
     PartReply,
@@ -66,7 +67,7 @@ class CoordinatorClient:
     """One rank's link to the coordinator.
 
     Call order: :meth:`register` (before restoring), :meth:`start`, :meth:`report_progress`
-    after every step, :meth:`should_checkpoint`, :meth:`report_persisted` (persist thread),
+    after every step, :attr:`tuned_interval`, :meth:`report_persisted` (persist thread),
     :meth:`report_committed`, :meth:`close`.
 
     Args:
@@ -83,6 +84,7 @@ class CoordinatorClient:
             (job setting, used when this call creates the job).
         hang_timeout_s: Seconds a rank's step may stand still before the coordinator
             declares it hung (job setting); None: derived from the step times.
+        every: A fixed checkpoint interval; None: ``every="auto"`` (the coordinator's).
         on_abort: Called with the reason when the coordinator says ``abort``. Default:
             log an error line and ``os._exit(ABORT_EXIT_CODE)``.
 
@@ -108,6 +110,7 @@ class CoordinatorClient:
         timeout_s: float = 2.0,
         heartbeat_timeout_s: float = 10.0,
         hang_timeout_s: float | None = None,
+        every: int | None = None,
         on_abort: Callable[[str], None] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
@@ -126,6 +129,7 @@ class CoordinatorClient:
                 max_overhead=max_overhead,
                 heartbeat_timeout_s=heartbeat_timeout_s,
                 hang_timeout_s=hang_timeout_s,
+                every=every,
             )
         except ValidationError as e:
             raise ValueError(f"job settings the coordinator would refuse: {e}") from e
@@ -199,14 +203,10 @@ class CoordinatorClient:
         return None if self._schedule is None else self._schedule.interval
 
     @property
-    def next_checkpoint_step(self) -> int | None:
-        """The first checkpoint step after the last step given to :meth:`report_progress`."""
-        s, step = self._schedule, self._progress.step
-        return None if s is None else s.next_after(step if step is not None else -1)
-
-    def should_checkpoint(self, step: int) -> bool | None:
-        """Whether ``step`` is a checkpoint step of the job; None before any reply."""
-        return None if self._schedule is None else self._schedule.is_checkpoint(step)
+    def tuned_interval(self) -> int | None:
+        """The coordinator's ``every="auto"`` interval once tuned (None: not yet, no reply)."""
+        s = self._schedule
+        return s.interval if s is not None and s.mode == IntervalMode.TUNED else None
 
     def report_persisted(
         self,

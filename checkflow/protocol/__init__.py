@@ -50,6 +50,7 @@ from checkflow.protocol.status import (
     CheckpointStatus,
     CheckpointTier,
     FaultKind,
+    IntervalMode,
     RankState,
 )
 
@@ -75,6 +76,7 @@ __all__ = [
     "Health",
     "Heartbeat",
     "HeartbeatReply",
+    "IntervalMode",
     "JobCreate",
     "JobCreated",
     "JobList",

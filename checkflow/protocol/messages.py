@@ -63,6 +63,16 @@ class JobCreate(Strict):
         ),
         NoBool,
     ] = None
+    every: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=MAX_INT,
+            description="The ranks' fixed checkpoint interval (every=N), shown as fixed and "
+            'never recomputed; null: every="auto", tuned by the coordinator.',
+        ),
+        NoBool,
+    ] = None
 
 
 class JobPublic(BaseModel):

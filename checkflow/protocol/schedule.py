@@ -1,10 +1,10 @@
-"""The checkpoint schedule a job's ranks share: which steps are checkpoint steps.
+"""The checkpoint schedule of a job, as the coordinator shows it and tells the ranks.
 
-The coordinator sends it in every reply and the ranks evaluate it locally, so that every
-rank picks the same steps without asking. When the interval changes, the new one starts at
-``anchor``, far enough ahead that every rank has heard of it before getting there; below
-``anchor`` the previous schedule still applies, so a rank that has not seen the change yet
-agrees with one that has.
+A fixed ``every=N`` checkpoints at the multiples of N (``anchor`` 0). With ``every="auto"``
+a rank counts its interval from its newest checkpoint, so ``anchor`` is the newest
+checkpoint step the coordinator knows of (or the restore point), and a new interval counts
+from there: the ranks adopt it at their next checkpoint at the latest (with several ranks,
+rank 0's view of it, agreed by all at that checkpoint), never from a step far ahead.
 """
 
 from __future__ import annotations
@@ -12,47 +12,34 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from checkflow.protocol.fields import MAX_INT
+from checkflow.protocol.status import IntervalMode
 
 
 class Schedule(BaseModel):
-    """Checkpoint steps: ``anchor + k * interval`` from ``anchor`` on; below ``anchor``,
-    ``previous_anchor + k * previous_interval`` (when set)."""
+    """Checkpoint steps: ``anchor + k * interval`` for k >= 1."""
 
     model_config = ConfigDict(frozen=True)
 
-    anchor: int = Field(ge=0, le=MAX_INT)
+    anchor: int = Field(ge=0, le=MAX_INT, description="The step the interval counts from.")
     interval: int = Field(ge=1, le=MAX_INT)
-    previous_anchor: int | None = Field(default=None, ge=0, le=MAX_INT)
-    previous_interval: int | None = Field(default=None, ge=1, le=MAX_INT)
+    mode: IntervalMode = Field(
+        default=IntervalMode.WARMUP,
+        description='fixed: the ranks\' every=N; warmup: every="auto" before the coordinator '
+        "measured it (each rank applies its own); tuned: computed by the coordinator.",
+    )
 
     def next_after(self, step: int) -> int:
-        """The first checkpoint step strictly after ``step``."""
-        if self.previous_anchor is not None and self.previous_interval and step < self.anchor:
-            candidate = _next_on(self.previous_anchor, self.previous_interval, step)
-            if candidate < self.anchor:
-                return candidate
-        return _next_on(self.anchor, self.interval, step)
+        """The first checkpoint step strictly after ``step`` (and after ``anchor``)."""
+        done = max(0, step - self.anchor)
+        return self.anchor + (done // self.interval + 1) * self.interval
 
     def is_checkpoint(self, step: int) -> bool:
         """Whether ``step`` is a checkpoint step."""
-        return self.next_after(step - 1) == step
+        return step > self.anchor and (step - self.anchor) % self.interval == 0
 
-    def first_at_or_after(self, step: int) -> int:
-        """The first step of the current schedule (ignoring the previous one) >= ``step``."""
-        return _next_on(self.anchor, self.interval, step - 1)
-
-    def changed_to(self, interval: int, anchor: int) -> Schedule:
-        """This schedule moving to ``interval`` from ``anchor`` on (this one applies below)."""
-        return Schedule(
-            anchor=anchor,
-            interval=interval,
-            previous_anchor=self.anchor,
-            previous_interval=self.interval,
-        )
-
-
-def _next_on(anchor: int, interval: int, step: int) -> int:
-    """The first step of ``anchor + k * interval`` (k >= 0) strictly after ``step``."""
-    if step < anchor:
-        return anchor
-    return anchor + ((step - anchor) // interval + 1) * interval
+    def counted_from(self, step: int) -> Schedule:
+        """This schedule counted from checkpoint ``step`` on (``every="auto"``: the ranks
+        count from their newest checkpoint); a fixed one keeps its multiples."""
+        if self.mode == IntervalMode.FIXED or step <= self.anchor:
+            return self
+        return self.model_copy(update={"anchor": step})

@@ -86,3 +86,16 @@ class FaultKind(StrEnum):
     """It heartbeats but its step has not advanced for the job's hang timeout."""
     RE_REGISTERED = "re_registered"
     """It registered again while alive: it crashed and restarted before anyone noticed."""
+
+
+class IntervalMode(StrEnum):
+    """Where a job's checkpoint interval comes from (``Schedule.mode``)."""
+
+    FIXED = "fixed"
+    """The ranks' ``every=N``: the coordinator shows it and never recomputes it."""
+    WARMUP = "warmup"
+    """``every="auto"``, not measured yet: each rank applies its own tuner's interval (the
+    same on every rank until the first checkpoint is measured)."""
+    TUNED = "tuned"
+    """``every="auto"``, computed by the coordinator from every rank's measurements; the
+    ranks adopt it at their next checkpoint at the latest."""

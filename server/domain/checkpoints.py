@@ -13,6 +13,7 @@ from checkflow_server.domain.errors import Conflict, NotFound
 from checkflow_server.domain.generation import restart_schedule
 from checkflow_server.domain.ranks import check_rank
 from checkflow_server.domain.state import Checkpoint, Job, Part
+from checkflow_server.domain.tuning import reached
 from checkflow_server.domain.views import checkpoint_public, restore_point
 
 from checkflow.protocol import (
@@ -58,6 +59,7 @@ def report_part(
         )
     changes = Changes()
     if body.tier == CheckpointTier.RAM:
+        job.max_step = max(job.max_step, step)  # a RAM-only step: no storage checkpoint
         return _ram_part(job, step, rank), changes
     ck = job.checkpoints.get(step)
     if ck is not None and ck.status == COMMITTED:
@@ -82,6 +84,7 @@ def report_part(
         ck.committer = rank
     changes.checkpoint(ck)
     changes.parts.append((step, part))
+    changes.job |= reached(job, step)
     return _part_reply(job, ck, must_commit=ck.committer == rank), changes
 
 
@@ -166,6 +169,7 @@ def commit(job: Job, step: int, body: CommitReport, now: float) -> tuple[Checkpo
         ck.committer = body.rank
     changes.checkpoint(ck)
     changes.committed += 1
+    changes.job |= reached(job, step)
     return checkpoint_public(job, ck), changes
 
 
@@ -240,6 +244,7 @@ def learn_commits(job: Job, steps: Iterable[int], now: float) -> Changes:
             continue
         changes.checkpoint(ck)
         changes.committed += 1
+        changes.job |= reached(job, step)
     return changes
 
 

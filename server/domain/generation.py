@@ -13,7 +13,7 @@ from typing import Any
 from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.state import Job, Recovery
 
-from checkflow.protocol import CheckpointStatus, FaultKind, RankState, Schedule
+from checkflow.protocol import CheckpointStatus, FaultKind, IntervalMode, RankState
 
 
 def new_generation(
@@ -44,10 +44,12 @@ def new_generation(
 
 
 def restart_schedule(job: Job) -> int | None:
-    """The schedule restarts from the restore point (returned): the ranks train on from it."""
+    """The schedule restarts from the restore point (returned): the ranks train on from it
+    (``every="auto"`` counts from it; a fixed ``every`` keeps its multiples)."""
     restore = job.restore_step()
     base = restore or 0
-    job.schedule = Schedule(anchor=base + job.schedule.interval, interval=job.schedule.interval)
+    s = job.schedule
+    job.schedule = s if s.mode == IntervalMode.FIXED else s.model_copy(update={"anchor": base})
     job.max_step = base
     return restore
 

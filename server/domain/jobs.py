@@ -6,14 +6,16 @@ from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.errors import Conflict
 from checkflow_server.domain.generation import new_generation
 from checkflow_server.domain.state import Job, RankTable
+from checkflow_server.domain.tuning import same_setting, schedule_for
 from checkflow_server.domain.views import restore_point
 
-from checkflow.protocol import CheckpointStatus, JobCreate, RecoverRequest, RestorePoint, Schedule
+from checkflow.protocol import CheckpointStatus, JobCreate, RecoverRequest, RestorePoint
 
 
 def create_job(body: JobCreate, now: float, warmup_interval: int) -> tuple[Job, Changes]:
-    """A new job in generation 1, checkpointing every ``warmup_interval`` steps until the
-    ranks have reported what a checkpoint costs."""
+    """A new job in generation 1, checkpointing every ``body.every`` steps (fixed), or
+    (``every="auto"``) every ``warmup_interval`` steps until the ranks have reported what a
+    checkpoint costs."""
     job = Job(
         id=0,
         name=body.name,
@@ -25,7 +27,7 @@ def create_job(body: JobCreate, now: float, warmup_interval: int) -> tuple[Job, 
         created=now,
         generation=1,
         generation_started=now,
-        schedule=Schedule(anchor=warmup_interval, interval=warmup_interval),
+        schedule=schedule_for(body.every, warmup_interval),
     )
     # Rank rows are written when ranks register: creating a big job stays cheap.
     changes = Changes(created=True)
@@ -33,11 +35,15 @@ def create_job(body: JobCreate, now: float, warmup_interval: int) -> tuple[Job, 
     return job, changes
 
 
-def reopen_job(job: Job, body: JobCreate, now: float) -> Changes:
-    """A create request for an existing job: the job keeps its settings; only a different
-    world size is taken (the job restarted elastically), which starts a new generation
+def reopen_job(job: Job, body: JobCreate, now: float, warmup_interval: int) -> Changes:
+    """A create request for an existing job: the job keeps its settings but two, the ranks'
+    own. Their ``every`` (restarted with another one: the job shows what they apply), and a
+    different world size (the job restarted elastically), which starts a new generation
     with fresh ranks."""
     changes = Changes()
+    if not same_setting(job.schedule, body.every):
+        job.schedule = schedule_for(body.every, warmup_interval).counted_from(job.max_step)
+        changes.job = True
     if job.world_size == body.world_size:
         return changes
     old = job.world_size

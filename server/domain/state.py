@@ -136,7 +136,9 @@ class Job:
     generation_started: float
     schedule: Schedule
     max_step: int = 0
-    """Furthest step reported in the current generation."""
+    """Furthest step the job reached in the current generation: in heartbeats, finishes,
+    checkpoint parts and commits (a commit may be reported before the heartbeat that
+    carries its step), or the restore point it started from."""
     failures: int = 0
     recovering_since: float | None = None
     """When the current generation started after a failure, until every rank registered."""
@@ -187,6 +189,7 @@ class Job:
         return max(whole) if whole else None
 
     def next_checkpoint_step(self) -> int:
+        """The next checkpoint step: after every step reached, so after the restore point."""
         return self.schedule.next_after(self.max_step)
 
     def is_alive(self, rank: int) -> bool:

@@ -20,6 +20,7 @@ from checkflow.protocol import (
     CheckpointSource,
     CheckpointStatus,
     EventPublic,
+    IntervalMode,
     RankState,
     Schedule,
 )
@@ -30,8 +31,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     world_size INTEGER NOT NULL, max_overhead REAL NOT NULL, heartbeat_timeout_s REAL NOT NULL,
     created REAL NOT NULL, generation INTEGER NOT NULL, generation_started REAL NOT NULL,
     recovering_since REAL, interval INTEGER NOT NULL, anchor INTEGER NOT NULL,
-    prev_interval INTEGER, prev_anchor INTEGER, max_step INTEGER NOT NULL,
-    failures INTEGER NOT NULL, hang_timeout_s REAL
+    max_step INTEGER NOT NULL, failures INTEGER NOT NULL, hang_timeout_s REAL,
+    interval_mode TEXT
 );
 CREATE TABLE IF NOT EXISTS ranks (
     job_id INTEGER NOT NULL, rank INTEGER NOT NULL, generation INTEGER NOT NULL,
@@ -58,9 +59,14 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
 """
 
-ADDED_COLUMNS = (("jobs", "hang_timeout_s", "REAL"), ("checkpoints", "kind", "TEXT"))
+ADDED_COLUMNS = (
+    ("jobs", "hang_timeout_s", "REAL"),
+    ("checkpoints", "kind", "TEXT"),
+    ("jobs", "interval_mode", "TEXT"),
+)
 """Columns added since the first schema: (table, column, type). A database written by an
-older coordinator gets them (``ALTER TABLE ... ADD COLUMN``, NULL in existing rows)."""
+older coordinator gets them (``ALTER TABLE ... ADD COLUMN``, NULL in existing rows). Its
+``prev_interval``/``prev_anchor`` columns are no longer written (NULL in new rows)."""
 
 HEARTBEAT_COLUMNS = ("last_heartbeat", "step", "iteration_s", "stall_s", "persist_s", "node")
 """The rank columns a heartbeat changes: the hot path updates only these, with the values
@@ -83,8 +89,7 @@ def job_row(job: Job) -> dict[str, Any]:
         "recovering_since": job.recovering_since,
         "interval": s.interval,
         "anchor": s.anchor,
-        "prev_interval": s.previous_interval,
-        "prev_anchor": s.previous_anchor,
+        "interval_mode": s.mode,
         "max_step": job.max_step,
         "failures": job.failures,
         "hang_timeout_s": job.hang_timeout_s,
@@ -92,12 +97,9 @@ def job_row(job: Job) -> dict[str, Any]:
 
 
 def job_from_row(row: sqlite3.Row) -> Job:
-    schedule = Schedule(
-        anchor=row["anchor"],
-        interval=row["interval"],
-        previous_anchor=row["prev_anchor"],
-        previous_interval=row["prev_interval"],
-    )
+    # An older coordinator's row has no mode: it tuned every job, so it is every="auto".
+    mode = row["interval_mode"] or IntervalMode.WARMUP
+    schedule = Schedule(anchor=row["anchor"], interval=row["interval"], mode=mode)
     return Job(
         id=row["id"],
         name=row["name"],

@@ -155,6 +155,10 @@ def test_job_page_shows_timeline_ranks_recovery_and_plots(
 
     expect(page.locator("#job-name")).to_have_text("llama-pretrain")
     expect(page.locator('#jobs-table tr[data-job="bert-finetune"]')).to_contain_text("training")
+    # The interval says where it comes from: tuned by the coordinator (0.01 s per 0.2 s step
+    # under a 3.5 % budget: 2 steps), not the warm-up's 10 nor the ranks' fixed every.
+    expect(page.locator('#jobs-table tr[data-job="bert-finetune"]')).to_contain_text("2 tuned")
+    expect(page.locator('#jobs-table tr[data-job="llama-pretrain"]')).to_contain_text(" tuned")
     recovery = page.locator("#recoveries-table tr[data-generation]").first
     expect(recovery).to_contain_text("crash")
     expect(recovery).to_contain_text("0.35 s")  # detection latency: what the launcher saw

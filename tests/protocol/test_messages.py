@@ -11,6 +11,7 @@ from checkflow.protocol import (
     Action,
     Heartbeat,
     HeartbeatReply,
+    IntervalMode,
     JobCreate,
     PartReply,
     RankPublic,
@@ -26,7 +27,7 @@ def test_statuses_serialize_as_their_plain_strings() -> None:
         generation=2,
         interval=10,
         next_checkpoint_step=20,
-        schedule=Schedule(anchor=20, interval=10),
+        schedule=Schedule(anchor=20, interval=10, mode=IntervalMode.TUNED),
     )
     assert json.loads(reply.model_dump_json()) == {
         "action": "abort",
@@ -36,8 +37,7 @@ def test_statuses_serialize_as_their_plain_strings() -> None:
         "schedule": {
             "anchor": 20,
             "interval": 10,
-            "previous_anchor": None,
-            "previous_interval": None,
+            "mode": "tuned",
         },
     }
     assert RankState("alive") is RankState.ALIVE and str(RankState.ALIVE) == "alive"

@@ -8,7 +8,13 @@ import pytest
 
 from checkflow.policy import FrequencyTuner
 from checkflow.write.measure import CostMeter
-from checkflow.write.policy import AutoInterval, CoordinatorSchedule, FixedInterval, save_policy
+from checkflow.write.policy import (
+    AutoInterval,
+    FixedInterval,
+    adopted_interval,
+    proposed_interval,
+    save_policy,
+)
 
 
 def _due_steps(policy, steps, last=0):
@@ -52,27 +58,75 @@ def test_auto_interval_follows_the_tuner_when_it_changes():
     assert _due_steps(policy, 6) == [2, 4, 6]
 
 
+class Agreed:
+    """A ``RankSync`` as the policy sees it: rank 0's proposal at the last agreement."""
+
+    def __init__(self, interval: int | None = None) -> None:
+        self.interval = interval
+
+
+class Coordinator:
+    """A ``CoordinatorClient`` as the policy sees it: its tuned interval, or None."""
+
+    def __init__(self, tuned: int | None = None) -> None:
+        self.tuned_interval = tuned
+
+
 def test_auto_interval_applies_the_agreed_interval_of_rank_0_over_its_own():
-    agreed: list[int | None] = [None]
-    policy = AutoInterval(FrequencyTuner(warmup_interval=10), agreed_interval=lambda: agreed[0])
+    agreed = Agreed()
+    policy = AutoInterval(FrequencyTuner(warmup_interval=10), agreement=agreed)
     assert policy.interval == 10  # no agreement yet: the local (warm-up) interval
-    agreed[0] = 3
+    agreed.interval = 3
     assert policy.interval == 3
     assert _due_steps(policy, 9) == [3, 6, 9]
 
 
-def test_coordinator_schedule_answers_with_the_coordinators_decision():
-    schedule = {5: True, 10: True}
-    policy = CoordinatorSchedule(lambda s: schedule.get(s, False), fallback=FixedInterval(2))
-    assert _due_steps(policy, 10) == [5, 10]  # the fallback's 2, 4, ... are not used
+def test_a_tuned_coordinator_interval_wins_over_the_local_tuner_and_a_warm_up_does_not():
+    assert proposed_interval(tuned=None, local=37) == 37  # coordinator still measuring
+    assert proposed_interval(tuned=112, local=37) == 112
 
 
-def test_coordinator_schedule_falls_back_while_the_coordinator_has_not_answered():
-    answers: dict[int, bool | None] = {}
-    policy = CoordinatorSchedule(lambda s: answers.get(s), fallback=FixedInterval(3))
-    assert _due_steps(policy, 6) == [3, 6]
-    answers.update({7: True, 8: False, 9: False})
-    assert [s for s in (7, 8, 9) if policy.is_due(s, 6)] == [7]
+def test_one_process_adopts_its_proposal_at_once_and_ranks_adopt_the_agreed_one():
+    assert adopted_interval(proposed=112, local=10, agreed=None, shared=False) == 112
+    # Ranks before the first agreement: the warm-up interval, the same on every rank.
+    assert adopted_interval(proposed=112, local=10, agreed=None, shared=True) == 10
+    assert adopted_interval(proposed=112, local=10, agreed=50, shared=True) == 50
+
+
+def test_a_new_coordinator_interval_applies_from_the_next_due_step_at_the_latest():
+    # Issue 32: 3 ms steps checkpointed every 10 steps for the whole run, because the
+    # coordinator's 112 was to start at step 3120. Counted from the last checkpoint, the
+    # new interval decides the very next step.
+    coordinator = Coordinator()
+    policy = AutoInterval(FrequencyTuner(warmup_interval=10), coordinator=coordinator)
+    due, last = [], 0
+    for step in range(1, 400):
+        if step == 25:
+            coordinator.tuned_interval = 112  # heard between the checkpoints 20 and 30
+        if policy.is_due(step, last):
+            due.append(step)
+            last = step
+    assert due == [10, 20, 132, 244, 356]
+    assert policy.interval == 112
+
+
+def test_ranks_adopt_rank_0s_coordinator_interval_at_the_next_checkpoint():
+    # Rank 0 heard the coordinator's 112, rank 1 not yet: both apply the 10 agreed at the
+    # last checkpoint until the next, where rank 0's proposal (112) is agreed.
+    agreed = Agreed(10)
+    rank0 = AutoInterval(FrequencyTuner(), agreement=agreed, coordinator=Coordinator(112))
+    rank1 = AutoInterval(FrequencyTuner(), agreement=agreed, coordinator=Coordinator(None))
+    assert (rank0.proposed, rank1.proposed) == (112, 10)
+    due: list[list[int]] = [[], []]
+    last = 20
+    for step in range(21, 300):
+        answers = [rank0.is_due(step, last), rank1.is_due(step, last)]
+        assert answers[0] == answers[1]  # the same steps on every rank
+        if answers[0]:
+            due[0].append(step)
+            last = step
+            agreed.interval = rank0.proposed  # the agreement at that checkpoint
+    assert due[0] == [30, 142, 254]
 
 
 def _done(step: int) -> Future[int]:
@@ -149,17 +203,16 @@ def test_cost_meter_without_a_tuner_only_keeps_the_last_stall_and_persist():
 
 
 def test_save_policy_for_a_fixed_every_ignores_the_coordinator():
-    policy = save_policy(4, None, ask=lambda s: True)
-    assert policy == FixedInterval(4)
+    policy = save_policy(4, None, Agreed(9), Coordinator(7))
+    assert policy == FixedInterval(4) and policy.interval == 4 and policy.proposed is None
 
 
-def test_save_policy_for_auto_asks_the_coordinator_first_then_the_agreed_interval():
+def test_save_policy_for_auto_applies_the_coordinators_tuned_interval():
     tuner = FrequencyTuner(warmup_interval=10)
-    answers: dict[int, bool | None] = {3: True}
-    policy = save_policy("auto", tuner, agreed_interval=lambda: 5, ask=answers.get)
-    assert isinstance(policy, CoordinatorSchedule)
-    assert _due_steps(policy, 10) == [3, 8]  # the coordinator's 3, then 5 steps later
-    local = save_policy("auto", tuner, agreed_interval=lambda: None)
+    policy = save_policy("auto", tuner, None, Coordinator(3))
+    assert isinstance(policy, AutoInterval)
+    assert _due_steps(policy, 10) == [3, 6, 9]
+    local = save_policy("auto", tuner)
     assert isinstance(local, AutoInterval) and local.interval == 10
 
 

@@ -212,14 +212,29 @@ def test_a_database_of_an_older_coordinator_gets_the_new_column(tmp_path: Path) 
 
     from checkflow_server.repository import rows
 
-    old = rows.SCHEMA.replace(", hang_timeout_s REAL", "")
+    # The first coordinator's jobs table: no hang_timeout_s nor interval_mode yet, and the
+    # prev_interval/prev_anchor columns that are no longer written.
+    old = """CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, storage_uri TEXT,
+        world_size INTEGER NOT NULL, max_overhead REAL NOT NULL,
+        heartbeat_timeout_s REAL NOT NULL, created REAL NOT NULL, generation INTEGER NOT NULL,
+        generation_started REAL NOT NULL, recovering_since REAL, interval INTEGER NOT NULL,
+        anchor INTEGER NOT NULL, prev_interval INTEGER, prev_anchor INTEGER,
+        max_step INTEGER NOT NULL, failures INTEGER NOT NULL);"""
     conn = sqlite3.connect(tmp_path / "old.db")
-    conn.executescript(old)
+    conn.executescript(old + rows.SCHEMA)  # the other tables as they are
     conn.execute(
         "INSERT INTO jobs VALUES (1, 'j', NULL, 1, 0.035, 10, 0, 1, 0, NULL, 10, 10, NULL, NULL,"
         " 0, 0)"
     )
     conn.commit()
     conn.close()
-    [job] = Repository(tmp_path / "old.db").load_jobs()
+    repo = Repository(tmp_path / "old.db")
+    [job] = repo.load_jobs()
     assert (job.name, job.hang_timeout_s, job.recovery) == ("j", None, None)
+    assert (job.schedule.interval, job.schedule.mode) == (10, "warmup")  # auto, as it was
+    job.hang_timeout_s = 7.0
+    repo.save(job, Changes(job=True))  # the unused prev_* columns stay NULL
+    repo.close()
+    [again] = Repository(tmp_path / "old.db").load_jobs()
+    assert again.hang_timeout_s == 7.0

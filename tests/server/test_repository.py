@@ -75,7 +75,7 @@ def test_a_saved_job_loads_back_as_it_was(tmp_path: Path) -> None:
     (loaded,) = Repository(tmp_path / "c.db").load_jobs()
     assert loaded.id == job.id == 1
     assert rows.job_row(loaded) == rows.job_row(job)  # schedule, max_step, failures...
-    assert loaded.schedule.previous_interval == 10 and loaded.schedule.interval != 10
+    assert loaded.schedule.mode == "tuned" and loaded.schedule.interval != 10
     assert ranks_of(loaded.ranks) == ranks_of(job.ranks)
     assert loaded.checkpoints[10].status == "committed" and loaded.checkpoints[10].parts == {}
     assert loaded.checkpoints[20].parts == job.checkpoints[20].parts  # in flight: parts kept
@@ -86,11 +86,13 @@ def test_a_saved_job_loads_back_as_it_was(tmp_path: Path) -> None:
 
 
 def test_a_database_of_an_older_coordinator_gets_the_added_columns(tmp_path: Path) -> None:
-    """``checkpoints.kind`` and ``jobs.hang_timeout_s`` came after the first schema: a
-    database without them opens, gains them (NULL in old rows) and stores them."""
+    """``checkpoints.kind``, ``jobs.hang_timeout_s`` and ``jobs.interval_mode`` came after
+    the first schema: a database without them opens, gains them (NULL in old rows) and
+    stores them."""
     path = tmp_path / "old.db"
     old_schema = rows.SCHEMA.replace(", kind TEXT,", ",").replace(", hang_timeout_s REAL", "")
-    assert old_schema != rows.SCHEMA
+    old_schema = old_schema.replace(",\n    interval_mode TEXT", "")
+    assert "interval_mode" not in old_schema and "hang_timeout_s" not in old_schema
     with sqlite3.connect(path) as conn:
         conn.executescript(old_schema)
     repo = Repository(path)
@@ -98,6 +100,18 @@ def test_a_database_of_an_older_coordinator_gets_the_added_columns(tmp_path: Pat
     repo.close()
     (loaded,) = Repository(path).load_jobs()
     assert loaded.checkpoints[10].kind == "delta" and loaded.id == job.id
+    assert loaded.schedule == job.schedule and loaded.schedule.mode == "tuned"
+
+
+def test_a_job_row_of_an_older_coordinator_without_a_mode_loads_as_auto(tmp_path: Path) -> None:
+    # An older coordinator retuned every job: its rows are every="auto" jobs.
+    repo = Repository(tmp_path / "c.db")
+    play(repo)
+    repo.close()
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        conn.execute("UPDATE jobs SET interval_mode = NULL")
+    (loaded,) = Repository(tmp_path / "c.db").load_jobs()
+    assert loaded.schedule.mode == "warmup"
 
 
 def test_events_are_the_newest_ones_oldest_first(tmp_path: Path) -> None:

@@ -280,20 +280,16 @@ def _interval_follows_the_slowest_rank(client: TestClient) -> None:
     assert expected == 20
     reply = beat(client, "j", 0, 1, 2)
     assert reply["interval"] == 20
-    # The change starts far enough ahead (timeout 10 s / 0.1 s) on the old schedule.
-    assert reply["schedule"] == {
-        "anchor": 110,
-        "interval": 20,
-        "previous_anchor": 10,
-        "previous_interval": 10,
-    }
-    assert reply["next_checkpoint_step"] == 10
+    # The change counts from the newest checkpoint (none: step 0) at once: the ranks adopt
+    # it at their next due step (10, on the old interval) at the latest.
+    assert reply["schedule"] == {"anchor": 0, "interval": 20, "mode": "tuned"}
+    assert reply["next_checkpoint_step"] == 20
     change = client.get("/v1/jobs/j/events").json()["events"][-1]
     assert change["kind"] == "interval_changed"
     assert change["detail"] == {
         "old_interval": 10,
         "interval": 20,
-        "from_step": 110,
+        "from_step": 10,
         "iteration_s": 0.1,
         "cost_s": 0.07,
         "persist_s": 0.5,

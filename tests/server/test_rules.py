@@ -22,6 +22,7 @@ from checkflow.protocol import (
     CommitReport,
     FinishRequest,
     Heartbeat,
+    IntervalMode,
     JobCreate,
     NodeHeartbeat,
     PartReport,
@@ -62,7 +63,8 @@ def committed(job: Job, step: int) -> None:
 
 def test_a_new_job_is_written_once_with_its_creation_event() -> None:
     job, changes = jobs.create_job(JobCreate(name="j", world_size=4), 5.0, warmup_interval=7)
-    assert (job.generation, job.schedule, job.registered) == (1, Schedule(anchor=7, interval=7), 0)
+    warmup = Schedule(anchor=0, interval=7, mode=IntervalMode.WARMUP)
+    assert (job.generation, job.schedule, job.registered) == (1, warmup, 0)
     assert changes.created and not changes.ranks  # rank rows come with registrations
     assert [(e.kind, e.detail) for e in changes.events] == [
         (EventKind.JOB_CREATED, {"world_size": 4})
@@ -210,13 +212,48 @@ def test_the_interval_waits_for_every_rank_then_follows_the_slowest() -> None:
     beat(job, 1, 1, iteration_s=0.1, stall_s=0.07, persist_s=0.5)
     changes = tuning.retune(job, 130.0)
     expected = choose_interval(Profile(iteration_s=0.1, cost_s=0.07, persist_s=0.5))
-    # The change starts past every rank's reach within the timeout (10 s / 0.1 s + 1).
-    assert job.schedule == Schedule(
-        anchor=110, interval=expected, previous_anchor=10, previous_interval=10
-    )
-    assert changes.job and changes.events[0].detail["from_step"] == 110
+    # The change counts from the newest checkpoint (none yet: step 0) at once; the ranks
+    # adopt it at their next due step (10) at the latest, never from a step far ahead.
+    assert job.schedule == Schedule(anchor=0, interval=expected, mode=IntervalMode.TUNED)
+    assert changes.job and changes.events[0].detail["from_step"] == 10
     beat(job, 1, 2, iteration_s=1.0, stall_s=0.5)
-    assert not tuning.retune(job, 131.0).writes()  # the last change has not started yet
+    again = tuning.retune(job, 131.0)  # a new measurement is taken at once too
+    slower = choose_interval(Profile(iteration_s=1.0, cost_s=0.5, persist_s=0.5))
+    assert again.job and job.schedule.interval == slower != expected
+
+
+def test_a_warm_up_interval_that_measures_right_still_becomes_tuned() -> None:
+    job = started_job(1)
+    profile = Profile(iteration_s=0.1, cost_s=0.035, persist_s=0.1)  # k = 10 exactly
+    assert choose_interval(profile) == 10
+    beat(job, 0, 1, iteration_s=0.1, stall_s=0.035, persist_s=0.1)
+    assert tuning.retune(job, 130.0).job
+    assert (job.schedule.interval, job.schedule.mode) == (10, IntervalMode.TUNED)
+    assert not tuning.retune(job, 131.0).writes()  # nothing new
+
+
+def test_a_fixed_every_is_shown_as_fixed_and_never_retuned() -> None:
+    job, _ = jobs.create_job(JobCreate(name="j", world_size=1, every=20), 100.0, 10)
+    assert job.schedule == Schedule(anchor=0, interval=20, mode=IntervalMode.FIXED)
+    ranks.register(job, 0, RegisterRequest(instance="p0"), 100.0)
+    beat(job, 0, 1, iteration_s=0.003, stall_s=0.05, persist_s=0.2)
+    assert not tuning.retune(job, 130.0).writes()
+    persist(job, 60, 0)  # counted from: a fixed every keeps its multiples
+    assert (job.schedule.interval, job.schedule.anchor, job.next_checkpoint_step()) == (20, 0, 80)
+    # The ranks restarted with every="auto": the job shows what they apply now.
+    assert jobs.reopen_job(job, JobCreate(name="j", world_size=1), 140.0, 10).job
+    assert job.schedule == Schedule(anchor=60, interval=10, mode=IntervalMode.WARMUP)
+
+
+def test_auto_counts_from_the_newest_checkpoint_and_next_is_never_below_restore() -> None:
+    # Issue 32: "next checkpoint" 980 was shown below "restore step" 1060: heartbeats (the
+    # step) come once a second, a checkpoint's reports as soon as it is persisted.
+    job = started_job(1)
+    job.schedule = Schedule(anchor=0, interval=20, mode=IntervalMode.TUNED)
+    beat(job, 0, 970)
+    committed(job, 1060)
+    assert job.restore_step() == 1060 and job.max_step == 1060
+    assert (job.schedule.anchor, job.next_checkpoint_step()) == (1060, 1080)
 
 
 def test_recover_abandons_newer_commits_and_refuses_an_uncommitted_step() -> None:
@@ -231,13 +268,14 @@ def test_recover_abandons_newer_commits_and_refuses_an_uncommitted_step() -> Non
     statuses = {s: c.status for s, c in job.checkpoints.items()}
     assert statuses == {10: "committed", 20: "abandoned", 30: "abandoned"}
     assert sorted(changes.checkpoints) == [20, 30]
-    assert job.schedule == Schedule(anchor=20, interval=10) and job.max_step == 10
+    assert job.schedule == Schedule(anchor=10, interval=10, mode=IntervalMode.WARMUP)
+    assert job.max_step == 10 and job.next_checkpoint_step() == 20
 
 
 def test_a_new_world_size_resizes_the_job_in_a_new_generation() -> None:
     job = started_job(2)
-    assert not jobs.reopen_job(job, JobCreate(name="j", world_size=2), 150.0).writes()
-    changes = jobs.reopen_job(job, JobCreate(name="j", world_size=3), 150.0)
+    assert not jobs.reopen_job(job, JobCreate(name="j", world_size=2), 150.0, 10).writes()
+    changes = jobs.reopen_job(job, JobCreate(name="j", world_size=3), 150.0, 10)
     assert changes.ranks_cleared and len(job.ranks) == 3 and job.generation == 2
     assert changes.events[0].detail == {"old_world_size": 2, "world_size": 3}
 

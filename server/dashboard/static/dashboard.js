@@ -116,7 +116,8 @@ function renderJobs() {
     cells: [
       el("a", { href: "#job=" + encodeURIComponent(j.name) }, j.name),
       el("span", { class: "badge " + jobState(j).replace(/ /g, "-") }, jobState(j)),
-      j.world_size, j.ranks_alive, j.generation, j.interval, j.next_checkpoint_step,
+      j.world_size, j.ranks_alive, j.generation, j.interval + " " + j.schedule.mode,
+      j.next_checkpoint_step,
       j.restore_step, j.failures, pct(j.max_overhead),
     ],
   }));
