@@ -144,9 +144,11 @@ class Checkpointer:
         self.close(raise_errors=exc_type is None)
 
     def open(self) -> None:
-        """Start the background threads and hooks (``with`` does this)."""
+        """Check that the root takes a write, then start the background threads and hooks
+        (``with`` does this). Raises ``StorageError`` at once when the root is not writable."""
         if self._opened:
             return
+        self.storage.check_writable()  # before any thread: not a failure per checkpoint
         self._opened = True
         self._snapshotter = Snapshotter(buffer_sets=2)
         if self.world_size > 1:
@@ -327,13 +329,9 @@ class Checkpointer:
         # How this process computes: a resume in another setting warns that it cannot be exact.
         flat.skeleton[META_KEY] = {"step": self._step, "environment": environment()}
         before = dict(flat.tensors)  # all this rank holds: the RAM tier keeps every tensor
+        interval = self._tuner.interval if self._tuner is not None else None
         shards = distributed.prepare_snapshot(
-            flat,
-            self._global_names,
-            self._sync,
-            busy=busy,
-            interval=self._tuner.interval if self._tuner is not None else None,
-            rank=self.rank,
+            flat, self._global_names, self._sync, busy=busy, interval=interval, rank=self.rank
         )
         if shards is None:
             count_skip(self.stats, self._step, "a rank is still persisting")

@@ -13,8 +13,10 @@ transient errors and fails at once on the rest (:mod:`checkflow.storage.errors`)
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import posixpath
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -24,13 +26,24 @@ from fsspec.implementations.local import LocalFileSystem
 from checkflow import knobs
 from checkflow.storage.atomic import write_file_atomic
 from checkflow.storage.direct import ReadBuffers, read_range, write_parts
-from checkflow.storage.errors import Failure, StorageError, access_message, classify_error
+from checkflow.storage.errors import (
+    Failure,
+    StorageAccessError,
+    StorageError,
+    access_message,
+    classify_error,
+    root_cause,
+)
 from checkflow.storage.mapped import map_range
 from checkflow.storage.retry import call_with_retries
 from checkflow.types import Buffer
 
+log = logging.getLogger("checkflow.storage")
 T = TypeVar("T")
 
+PROBE_PREFIX = ".checkflow-probe-"
+"""The name of the file :meth:`Storage.check_writable` writes and deletes in the root (a
+random suffix, so that the ranks of a job never probe one name)."""
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 0.1
 MAP_MIN_BYTES = 1 << 20
@@ -138,6 +151,37 @@ class Storage:
             write_parts(tmp, parts, direct=knobs.direct_io())
 
         write_file_atomic(target, write)
+
+    def check_writable(self) -> None:
+        """Write a small, uniquely named file in the root and delete it again.
+
+        A root that cannot take checkpoints (``/proc/x``, a path under an existing file, a
+        read-only folder, a bucket this key may not write) fails here, at once, rather than
+        at every checkpoint in the background while training runs on unprotected. A delete
+        that fails is logged, not raised: checkpoints can still be written (retention will
+        fail the same way, and says so).
+
+        Raises:
+            StorageError: the probe could not be written; the message names the root, the
+                reason and what to do.
+            StorageAccessError: the store refused the credentials or the access.
+        """
+        name = f"{PROBE_PREFIX}{uuid.uuid4().hex[:16]}"
+        what = f"cannot write checkpoints to {self.uri}"
+        try:
+            self.put(name, [b"checkflow write probe\n"])
+        except StorageAccessError as e:
+            raise StorageAccessError(f"{what}: {e}", e.failure) from e
+        except (OSError, ValueError) as e:
+            reason = root_cause(e)
+            raise StorageError(
+                f"{what}: {reason}; pick a writable folder (or a store and credentials "
+                "that may write there)"
+            ) from e
+        try:
+            self.delete(name)
+        except (OSError, StorageAccessError) as e:
+            log.warning("wrote %s but cannot delete it: %s", self.url(name), e)
 
     # -- reads ---------------------------------------------------------------------------
     def read(
