@@ -115,13 +115,13 @@ def test_persists_failing_after_open_are_storage_errors_never_a_slow_store(tmp_p
     root = tmp_path / "run"
     state = small_state()
     ck = Checkpointer(str(root), state, every=1, keep=0)
-    with caplog.at_level(logging.WARNING, logger="checkflow"), pytest.raises(NotADirectoryError):
-        with ck:
-            root.rmdir()
-            root.write_text("not a folder any more\n")
-            for _ in range(3):
-                train_step(state)
-                ck.step()
+    logs = caplog.at_level(logging.WARNING, logger="checkflow")
+    with logs, pytest.raises(NotADirectoryError), ck:  # raised as the block ends
+        root.rmdir()
+        root.write_text("not a folder any more\n")
+        for _ in range(3):
+            train_step(state)
+            ck.step()
     assert (ck.stats.due, ck.stats.committed, ck.stats.failed) == (3, 0, 3)
     assert ck.stats.last_error.startswith("storage error: [Errno 20] Not a directory")
     failures = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
@@ -141,12 +141,12 @@ def test_waiting_for_persists_that_fail_says_they_fail_not_that_storage_is_slow(
     ck = Checkpointer(
         faulty_s3.uri, state, every=1, keep=0, storage_options=faulty_s3.storage_options
     )
-    with caplog.at_level(logging.WARNING, logger="checkflow"), pytest.raises(StorageError):
-        with ck:
-            s3_fault_proxy.fail("PUT", times=1000, status=500)
-            for _ in range(3):
-                train_step(state)
-                ck.step()
+    logs = caplog.at_level(logging.WARNING, logger="checkflow")
+    with logs, pytest.raises(StorageError), ck:  # raised as the block ends
+        s3_fault_proxy.fail("PUT", times=1000, status=500)
+        for _ in range(3):
+            train_step(state)
+            ck.step()
     assert (ck.stats.due, ck.stats.committed, ck.stats.failed, ck.stats.waits) == (3, 0, 3, 1)
     waits = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
     assert len(waits) == 1
