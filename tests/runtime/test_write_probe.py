@@ -136,7 +136,8 @@ def test_waiting_for_persists_that_fail_says_they_fail_not_that_storage_is_slow(
     s3_fault_proxy: FaultyS3Proxy, faulty_s3: S3Location, caplog
 ):
     """Every PUT after the probe answers 500: each persist retries (about 1.5 s) and fails,
-    so the third due checkpoint waits for a buffer set; that wait names the failure."""
+    so the due checkpoints after the second wait for a buffer set (a step takes a few ms);
+    each wait names the failure that freed its set."""
     state = small_state()
     ck = Checkpointer(
         faulty_s3.uri, state, every=1, keep=0, storage_options=faulty_s3.storage_options
@@ -144,16 +145,17 @@ def test_waiting_for_persists_that_fail_says_they_fail_not_that_storage_is_slow(
     logs = caplog.at_level(logging.WARNING, logger="checkflow")
     with logs, pytest.raises(StorageError), ck:  # raised as the block ends
         s3_fault_proxy.fail("PUT", times=1000, status=500)
-        for _ in range(3):
+        for _ in range(4):
             train_step(state)
             ck.step()
-    assert (ck.stats.due, ck.stats.committed, ck.stats.failed, ck.stats.waits) == (3, 0, 3, 1)
+    assert (ck.stats.due, ck.stats.committed, ck.stats.failed) == (4, 0, 4)
     waits = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
-    assert len(waits) == 1
-    assert re.match(
-        r"checkpoint at step 3 waited \d+\.\d{3}s for the previous persists, which are "
-        r"failing \([12] failed so far; the newest: storage error: write s3://",
-        waits[0],
-    ), waits[0]  # step 1's failure freed the set; step 2's is about 1.5 s behind it
-    assert "fix the storage, a larger `every` will not help" in waits[0]
+    assert 1 <= ck.stats.waits == len(waits) <= 2  # the 1st and 2nd waits are both logged
+    for message in waits:
+        assert re.match(
+            r"checkpoint at step [34] waited \d+\.\d{3}s for the previous persists, which are "
+            r"failing \([1-3] failed so far; the newest: storage error: write s3://",
+            message,
+        ), message
+        assert message.endswith("fix the storage, a larger `every` will not help")
     assert not [r for r in caplog.records if "slower" in r.getMessage()]
