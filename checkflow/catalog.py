@@ -73,6 +73,22 @@ def not_a_folder(storage: Storage, name: str) -> str | None:
     return None
 
 
+def roots_below(storage: Storage, *, limit: int = 100) -> list[str]:
+    """Names of the folders directly under the root that hold step folders, sorted.
+
+    Where the checkpoints are when the folder named is a run's work folder, not its root:
+    the demo's ``runs/demo`` holds them in ``ckpt/``. Only the first ``limit`` entries are
+    looked into, so a large bucket prefix costs at most that many listings.
+    """
+    found = []
+    for name in storage.listdir()[:limit]:
+        if mf.parse_step_dir(name) is not None:
+            continue
+        if any(mf.parse_step_dir(child) is not None for child in storage.listdir(name)):
+            found.append(name)
+    return found
+
+
 def read_manifest_bytes(storage: Storage, path: str) -> bytearray:
     """A manifest's bytes. One larger than ``knobs.max_manifest_bytes()`` is refused on its
     stated size, before any byte is read (a sparse file of 512 MiB costs nothing); one that

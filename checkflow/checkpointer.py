@@ -25,6 +25,7 @@ from checkflow.memory.tier import RamTier, TieredWrite, ram_tier, write_plan
 from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
+from checkflow.storage.probe import check_writable
 from checkflow.write.backpressure import acquire_buffer_set, count_skip, wait_for_all
 from checkflow.write.buffers import HostBufferPool
 from checkflow.write.commit import RankResult, commit_protocol
@@ -143,9 +144,11 @@ class Checkpointer:
         self.close(raise_errors=exc_type is None)
 
     def open(self) -> None:
-        """Start the background threads and hooks (``with`` does this)."""
+        """Check that the root takes a write, then start the background threads and hooks
+        (``with`` does this). Raises ``StorageError`` at once when the root is not writable."""
         if self._opened:
             return
+        check_writable(self.storage)  # before any thread: not a failure per checkpoint
         self._opened = True
         self._snapshotter = Snapshotter(buffer_sets=2)
         if self.world_size > 1:

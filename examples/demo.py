@@ -9,6 +9,10 @@
 
     python examples/demo.py [--steps 300] [--kill-at 173] [--dir runs/demo]
 
+Its last line says where the checkpoints are: ``--dir DIR`` keeps them in ``DIR/ckpt``
+(``checkflow ls DIR/ckpt``); without it they are deleted with the temporary work folder.
+A ``--dir`` that holds anything the demo does not write is refused (exit 2), never emptied.
+
 Exit code 0 when the resumed run is bitwise equal to the uninterrupted one. Exit code 1,
 with the reason, when it is not, or when the demo did not show what it claims: the second
 run must die of SIGKILL at the kill step, and the resume must start from a checkpoint
@@ -78,6 +82,28 @@ def train_cmd(ckpt: str, steps: int, *extra: str) -> list[str]:
         "10",
         *extra,
     ]
+
+
+DEMO_FILES = frozenset(
+    {"reference", "ckpt", "ref.pt", "resumed.pt", "reference.log", "killed.log", "resumed.log"}
+)
+"""What the demo writes in its work folder, besides ``coordinator.db`` and its journals."""
+
+
+def foreign_files(work: Path) -> list[str]:
+    """The names in ``work`` the demo did not write: a ``--dir`` holding any is refused, so a
+    mistyped ``--dir`` never deletes someone's files (an earlier demo's are replaced)."""
+    if not work.is_dir():
+        return [work.name] if work.exists() else []
+    names = sorted(p.name for p in work.iterdir())
+    return [n for n in names if n not in DEMO_FILES and not n.startswith("coordinator.db")]
+
+
+def where_checkpoints(ckpt: Path, kept: bool) -> str:
+    """The demo's last line: where its checkpoints are, or that they went with the folder."""
+    if kept:
+        return f"5. checkpoints kept in {ckpt}: checkflow ls {ckpt}"
+    return f"5. checkpoints were in {ckpt}, deleted with the work folder (--dir DIR keeps them)"
 
 
 class DemoFailed(Exception):
@@ -162,8 +188,13 @@ def main() -> int:
     args = p.parse_args()
     if not 10 < args.kill_at < args.steps:
         p.error(f"--kill-at must be above 10 (the first checkpoint) and below --steps {args.steps}")
+    if args.dir is not None and (foreign := foreign_files(Path(args.dir))):
+        p.error(
+            f"--dir {args.dir} holds files the demo did not write ({', '.join(foreign[:5])}); "
+            "choose a new or empty folder"
+        )
     work = Path(args.dir or tempfile.mkdtemp(prefix="checkflow-demo-"))
-    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)  # an earlier demo's files only (foreign_files)
     work.mkdir(parents=True)
 
     try:
@@ -178,6 +209,7 @@ def main() -> int:
         return 1
     if args.dir is None:
         shutil.rmtree(work, ignore_errors=True)
+    print(where_checkpoints(work / "ckpt", kept=args.dir is not None))
     return 0
 
 
@@ -191,7 +223,11 @@ def demo(work: Path, steps: int, kill_at: int, coord: list[str]) -> bool:
     killed, code = run_killed(
         train_cmd(str(work / "ckpt"), steps, *coord), kill_at, work / "killed.log"
     )
-    print(f"2. second run killed itself with SIGKILL after step {killed} (exit {code}); committed:")
+    print(
+        f"2. second run killed itself with SIGKILL after step {killed} (exit {code}); "
+        f"committed in {work / 'ckpt'}:",
+        flush=True,
+    )
     subprocess.run([sys.executable, "-m", "checkflow.cli", "ls", str(work / "ckpt")], check=False)
 
     out = run(

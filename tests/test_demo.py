@@ -101,3 +101,57 @@ def test_the_demo_refuses_a_kill_step_outside_the_run() -> None:
     )
     assert res.returncode == 2
     assert "--kill-at must be above 10 (the first checkpoint) and below --steps 100" in res.stderr
+
+
+def test_the_demo_keeps_its_checkpoints_in_dir_and_says_where(tmp_path: Path) -> None:
+    """A short demo, as a user runs it: its last line names the checkpoints it kept, and
+    ``checkflow ls`` of the work folder points at them. The kill comes after step 30, whose
+    snapshot needed a host buffer set free: step 10 was committed by then, however slow the
+    machine (a kill at 15 found nothing committed on a loaded one)."""
+    work = tmp_path / "demo"
+    res = subprocess.run(
+        [sys.executable, str(EXAMPLES / "demo.py"), "--steps", "40", "--kill-at", "35",
+         "--dir", str(work)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[2] == (
+        f"2. second run killed itself with SIGKILL after step 35 (exit -9); "
+        f"committed in {work / 'ckpt'}:"
+    )
+    assert lines[-1] == f"5. checkpoints kept in {work / 'ckpt'}: checkflow ls {work / 'ckpt'}"
+    listed = subprocess.run(
+        [sys.executable, "-m", "checkflow.cli", "ls", str(work)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (listed.returncode, listed.stdout) == (
+        0,
+        f"no checkpoints in {work}; found some in {work / 'ckpt'}, {work / 'reference'} - "
+        f"run checkflow ls {work / 'ckpt'}\n",
+    )
+    assert sorted(p.name for p in (work / "ckpt").iterdir())[-1] == "step-000000040"
+
+
+def test_the_demo_refuses_a_dir_holding_files_it_did_not_write(tmp_path: Path) -> None:
+    (tmp_path / "thesis.tex").write_text("years of work\n")
+    res = subprocess.run(
+        [sys.executable, str(EXAMPLES / "demo.py"), "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.splitlines()[-1] == (
+        f"demo.py: error: --dir {tmp_path} holds files the demo did not write (thesis.tex); "
+        "choose a new or empty folder"
+    )
+    assert (tmp_path / "thesis.tex").read_text() == "years of work\n"
+
+
+def test_without_dir_the_last_line_says_the_checkpoints_went_with_the_folder(
+    demo: ModuleType,
+) -> None:
+    assert demo.where_checkpoints(Path("/tmp/checkflow-demo-x/ckpt"), kept=False) == (
+        "5. checkpoints were in /tmp/checkflow-demo-x/ckpt, deleted with the work folder "
+        "(--dir DIR keeps them)"
+    )
+    assert demo.foreign_files(Path("/nonexistent/i32")) == []

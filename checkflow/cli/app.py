@@ -16,7 +16,14 @@ from checkflow import __version__
 from checkflow.cli import gc, import_dcp, inspect, ls, restore, serve, status, verify
 from checkflow.cli import run as run_command
 from checkflow.cli.arguments import Command
-from checkflow.cli.output import EXIT_INTERRUPTED, EXIT_OK, error, explain
+from checkflow.cli.output import (
+    EXIT_INTERRUPTED,
+    EXIT_NEEDS_FULL_INSTALL,
+    EXIT_OK,
+    error,
+    explain,
+    needs_full_install,
+)
 
 COMMANDS: tuple[Command, ...] = (
     ls.COMMAND,
@@ -49,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         # `checkflow ls URI | head`: the reader left; that is not an error of ours.
         sys.stderr.close()
         return EXIT_OK
+    except ModuleNotFoundError as e:  # the coordinator image has no torch, no numpy
+        message = needs_full_install(args.command, e)
+        if message is None:
+            raise
+        error(message)
+        return EXIT_NEEDS_FULL_INSTALL
     except Exception as e:  # an expected error becomes one line; a bug keeps its traceback
         code, message = explain(e, getattr(args, "uri", None))
         if code is None:

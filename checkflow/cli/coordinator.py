@@ -3,8 +3,9 @@ of ``restore --coordinator``. Paths come from ``checkflow.protocol.paths`` and r
 parsed into the protocol's models (``model_validate``), here and only here; the command
 modules format what these functions return.
 
-A failure raises :class:`~checkflow.cli.output.CliError`: exit 1 when the coordinator is
-unreachable or refuses, 2 when it rejects the input (HTTP 422).
+A failure raises :class:`~checkflow.cli.output.CliError`: exit 3 when the coordinator is
+unreachable, 4 when it does not know the job (HTTP 404), 1 when it refuses (401, 403, 409),
+2 when it rejects the input (HTTP 422).
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from checkflow.cli.output import EXIT_FAILED, EXIT_USAGE, TOKEN_ON_COMMAND_LINE, CliError, warning
+from checkflow.cli.output import (
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    TOKEN_ON_COMMAND_LINE,
+    CliError,
+    warning,
+)
 from checkflow.client.env import TOKEN, setting
 from checkflow.client.transport import token_sent, unauthorized_hint
 from checkflow.protocol import paths
@@ -149,15 +158,22 @@ def _send(
         raise CliError(
             f"cannot reach the coordinator at {http.base_url}: {e}; is "
             "`checkflow serve` running there?",
-            EXIT_FAILED,
+            EXIT_UNREACHABLE,
         ) from e
     if r.status_code == 401:
         raise CliError(
             f"the coordinator refused: {unauthorized_hint(token_sent(r.request))}", EXIT_FAILED
         )
-    if r.status_code in (403, 404, 409, 422):
+    if r.status_code == 404:  # the CLI asks only for jobs by name: the job is unknown
         detail = r.json().get("detail")
-        hint = " (see `checkflow status URL JOB`)" if r.status_code in (404, 409) else ""
+        raise CliError(
+            f"{detail} on the coordinator at {http.base_url}; `checkflow status "
+            f"{http.base_url}` lists the jobs it knows",
+            EXIT_NOT_FOUND,
+        )
+    if r.status_code in (403, 409, 422):
+        detail = r.json().get("detail")
+        hint = " (see `checkflow status URL JOB`)" if r.status_code == 409 else ""
         raise CliError(f"{detail}{hint}", EXIT_USAGE if r.status_code == 422 else EXIT_FAILED)
     if r.status_code >= 400:
         raise CliError(f"coordinator answered HTTP {r.status_code}: {r.text[:200]}", EXIT_FAILED)

@@ -23,19 +23,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Committed checkpoints as a table; uncommitted and damaged folders as notes (or rows)."""
-    from checkflow.catalog import scan
+    from checkflow.catalog import roots_below, scan
 
-    cat = scan(open_root(args))
+    storage = open_root(args)
+    cat = scan(storage)
     if args.json:
         line(json.dumps(_as_json(args.uri, cat)))
     elif not cat.folders:
-        line(f"no checkpoints in {args.uri}")
+        line(_nothing_here(args.uri, [storage.url(name) for name in roots_below(storage)]))
         _print_foreign(cat, show_all=args.all)
     else:
         _print_table(args.uri, cat, show_all=args.all)
         _print_notes(args.uri, cat, show_all=args.all)
         _print_foreign(cat, show_all=args.all)
     return EXIT_OK
+
+
+def _nothing_here(uri: str, below: list[str]) -> str:
+    """No step folder in ``uri``; where to look when a folder under it has some."""
+    if not below:
+        return f"no checkpoints in {uri}"
+    return (
+        f"no checkpoints in {uri}; found some in {', '.join(below)} - run checkflow ls {below[0]}"
+    )
 
 
 def _as_json(uri: str, cat: Catalog) -> dict[str, object]:

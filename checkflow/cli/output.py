@@ -7,7 +7,9 @@ spaces, as the README shows them.
 
 Exit codes: 0 success; 1 a checkpoint failed verification, an operation failed half way or
 the coordinator refused; 2 bad usage or input (wrong URI, step not committed, refused
-option), in which case nothing was changed. Expected errors print one line,
+option), in which case nothing was changed; 3 the coordinator cannot be reached; 4 the
+coordinator does not know the job; 5 the command needs the full install (torch, numpy),
+which the coordinator-only one lacks; 130 Ctrl-C. Expected errors print one line,
 ``checkflow: error: <what>; <what to do>``, never a traceback.
 """
 
@@ -28,8 +30,20 @@ EXIT_FAILED = 1
 """A checkpoint failed verification, an operation failed half way, or the coordinator refused."""
 EXIT_USAGE = 2
 """Bad usage or input; nothing was changed."""
+EXIT_UNREACHABLE = 3
+"""The coordinator cannot be reached (nothing was asked of it): start it, or fix the URL."""
+EXIT_NOT_FOUND = 4
+"""The coordinator does not know the job named (nothing was changed)."""
+EXIT_NEEDS_FULL_INSTALL = 5
+"""The command needs the training runtime (torch, numpy), absent from a coordinator-only
+install such as the coordinator image (``deploy/install-coordinator.sh``)."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C, as a shell reports a SIGINT."""
+
+RUNTIME_ONLY = ("torch", "numpy", "zstandard", "xxhash")
+"""What the coordinator-only install leaves out (``deploy/install-coordinator.sh``) and the
+``full`` extra puts back; ``tests/ci/test_packaging.py`` keeps the three lists equal."""
+FULL_INSTALL = "pip install 'checkflow[full]'"
 
 _PLAIN_WIDTH = 1_000_000
 """Not a terminal: as wide as any row, so that no cell is wrapped or cut."""
@@ -222,6 +236,18 @@ def explain(e: Exception, uri: str | None) -> tuple[int | None, str]:
     if isinstance(e, ValueError | OSError):
         return EXIT_USAGE, str(e)
     return None, ""
+
+
+def needs_full_install(command: str, e: ModuleNotFoundError) -> str | None:
+    """The one line for a command that imported a runtime-only package that is not installed
+    (the coordinator image); None for any other missing module (a bug, or another extra)."""
+    name = (e.name or "").partition(".")[0]
+    if name not in RUNTIME_ONLY:
+        return None
+    return (
+        f"checkflow {command} needs the full install: {FULL_INSTALL} (this is a "
+        f"coordinator-only install, without {name}; only serve and status work in it)"
+    )
 
 
 def _loaded(module: str, name: str) -> type[BaseException]:

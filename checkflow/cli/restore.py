@@ -12,7 +12,7 @@ import json
 import os
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from checkflow.cli.arguments import (
     Command,
@@ -89,7 +89,7 @@ def _restore_file(args: argparse.Namespace, out: str) -> int:
     with ByteProgress(g.nbytes, f"restore step {step}", enabled=args.progress) as bar:
         reader.progress = bar
         if args.format == "torch":
-            write = _torch_writer(reader.state_dicts(step))
+            write = _torch_writer(reader, step)
         else:
             write = _safetensors_writer(reader, step, args.uri)
     try:
@@ -161,15 +161,25 @@ def _check_out(out: str, force: bool) -> None:
         raise CliError(f"the folder of --out {out} does not exist; create it first")
 
 
-def _torch_writer(state_dicts: dict[str, Any]) -> Callable[[str], None]:
+def _torch_writer(reader: CheckpointReader, step: int) -> Callable[[str], None]:
+    """Every stage's state, in values plain ``torch.load(path)`` reads (``weights_only``)."""
     import torch
 
+    from checkflow.read.torch_file import torch_file
     from checkflow.storage import write_error
+
+    exported = torch_file(reader, step)
+    if exported.not_plain:
+        line(
+            f"{len(exported.not_plain)} object(s) unpickled with --trust are kept as they are "
+            f"({', '.join(exported.not_plain)}): this file loads only with "
+            "torch.load(PATH, weights_only=False), which runs their code"
+        )
 
     def write(path: str) -> None:
         try:
             with open(path, "wb") as f:  # a file of ours: torch keeps its OSError as context
-                torch.save(state_dicts, f)
+                torch.save(exported.state, f)
         except RuntimeError as e:
             # torch's zip writer turns ENOSPC/EFBIG into "unexpected pos"; say what happened.
             cause = write_error(e)
@@ -186,11 +196,14 @@ def _safetensors_writer(reader: CheckpointReader, step: int, uri: str) -> Callab
         from safetensors.torch import save_file
     except ImportError as e:
         raise CliError(
-            "--format safetensors needs the safetensors package: pip install safetensors"
+            "--format safetensors needs the safetensors package: "
+            "pip install 'checkflow[safetensors]'"
         ) from e
+    from checkflow.read.state_dicts import consolidated_skeleton
+
     tensors = {k: v.contiguous() for k, v in reader.tensors(step).items()}
     g = reader.manifest(step)
-    skeleton = reader.skeleton(step, 0, opaque=True)
+    skeleton = consolidated_skeleton(reader, step, opaque=True)  # every pipeline stage
     left_out = pickled_leaves(skeleton)
     if left_out:
         line(
@@ -231,6 +244,7 @@ COMMAND = Command(
     configure,
     run,
     description="Write a consolidated checkpoint to --out (torch.save of "
-    "{name: state_dict}, or a flat safetensors file), or with --coordinator URL "
+    "{name: state_dict} of every rank's stage, which plain torch.load reads, or a flat "
+    "safetensors file), or with --coordinator URL "
     "--job J roll a running job back to a checkpoint.",
 )

@@ -220,10 +220,22 @@ def _gather_module(
 def consolidated_state_dicts(reader: CheckpointReader, step: int) -> dict[str, Any]:
     """``{name: state_dict}`` of the whole job with full tensors: rank 0's objects, each
     completed with the entries only other ranks saved (pipeline stages)."""
+    skeleton = consolidated_skeleton(reader, step)
+    return unflatten(skeleton, reader.tensors(step, set(iter_refs(skeleton))))
+
+
+def consolidated_skeleton(reader: CheckpointReader, step: int, *, opaque: bool = False) -> Any:
+    """The whole job's skeleton (``TensorRef`` leaves): rank 0's, each state completed with
+    the entries only other ranks saved (the modules of later pipeline stages). Every export
+    and ``load()`` read this, so none of them holds rank 0's stage only.
+
+    Args:
+        opaque: show pickled objects as ``objects.OpaqueObject`` (``CheckpointReader.skeleton``).
+    """
     world = reader.manifest(step).world_size
-    skeleton = reader.skeleton(step, 0)
+    skeleton = reader.skeleton(step, 0, opaque=opaque)
     for r in range(1, world):
-        for name, value in reader.skeleton(step, r).items():
+        for name, value in reader.skeleton(step, r, opaque=opaque).items():
             mine = skeleton.get(name)
             if isinstance(mine, Mapping) and isinstance(value, Mapping):
                 extra = {k: v for k, v in value.items() if k not in mine}
@@ -231,4 +243,4 @@ def consolidated_state_dicts(reader: CheckpointReader, step: int) -> dict[str, A
                     mine.update(extra)  # type: ignore[attr-defined]
             elif name not in skeleton:
                 skeleton[name] = value
-    return unflatten(skeleton, reader.tensors(step, set(iter_refs(skeleton))))
+    return skeleton

@@ -8,6 +8,7 @@ It knows paths and bytes, never tensors. Its modules, each one concern:
 - :mod:`~checkflow.storage.retry`: exponential backoff for transient errors only;
 - :mod:`~checkflow.storage.atomic`: local files that appear whole or not at all;
 - :mod:`~checkflow.storage.direct`: local files written around the page cache (O_DIRECT).
+- :mod:`~checkflow.storage.probe`: the write probe ``Checkpointer.open()`` makes at a root;
 - :mod:`~checkflow.storage.local`: a local root's entries opened as hostile (regular files
   inside the root only: no FIFO, device or link out of it; deletes never follow a link).
 

@@ -161,6 +161,21 @@ def classify_error(error: BaseException) -> Failure:
     return Failure.PERMANENT
 
 
+def root_cause(error: BaseException) -> str:
+    """The words of the OS error ``error`` was raised from (``[Errno 2] No such file or
+    directory: '/proc/x'``), else ``error``'s own: the retry wrapper re-raises a missing
+    folder as "write ... failed: no such file or object", which hides the path at fault."""
+    seen: set[int] = set()
+    found: BaseException = error
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno and current.filename:
+            found = current
+        current = current.__cause__ or current.__context__
+    return str(found) or type(found).__name__
+
+
 def _client_error_in(error: BaseException) -> BaseException | None:
     """The botocore ``ClientError`` that ``error`` is or was raised from, if any."""
     seen: set[int] = set()

@@ -13,6 +13,7 @@ transient errors and fails at once on the rest (:mod:`checkflow.storage.errors`)
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import posixpath
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from checkflow.storage.mapped import map_range
 from checkflow.storage.retry import call_with_retries
 from checkflow.types import Buffer
 
+log = logging.getLogger("checkflow.storage")
 T = TypeVar("T")
 
 DEFAULT_RETRIES = 5

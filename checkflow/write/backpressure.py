@@ -1,6 +1,8 @@
 """What a due checkpoint does while storage is slower than the interval (``when_busy``).
 
-Both host buffer sets still being persisted means storage is behind. With ``"wait"`` the
+Both host buffer sets still being persisted means storage is behind, or failing: when the
+newest persist failed (``stats.last_error``), the wait is logged as that failure, never as
+a slow store. With ``"wait"`` the
 training thread waits for a set, and the wait is counted and logged; with ``"skip"`` the
 checkpoint is not taken and the skip is counted. Either way the log says why, at WARNING
 for the 1st, 2nd, 4th, 8th... occurrence so that a persistent condition does not flood it.
@@ -27,6 +29,17 @@ def acquire_buffer_set(buffers: BufferSets, stats: CheckpointStats, step: int) -
     stats.waits += 1
     stats.waited_s += waited
     n = stats.waits
+    if stats.last_error:  # the persists failed: a slow store is not what is wrong
+        log.log(
+            _level(n),
+            "checkpoint at step %d waited %.3fs for the previous persists, which are failing "
+            "(%d failed so far; the newest: %s); fix the storage, a larger `every` will not help",
+            step,
+            waited,
+            stats.failed,
+            stats.last_error,
+        )
+        return pool
     log.log(
         _level(n),
         "checkpoint at step %d waited %.3fs for the previous persists: storage is slower "

@@ -32,7 +32,7 @@ from checkflow import manifest as mf
 from checkflow.catalog import RetentionError, apply_retention
 from checkflow.codec import CodecRules, get_codec
 from checkflow.codec.base import dtype_name
-from checkflow.storage import Storage
+from checkflow.storage import Storage, StorageAccessError
 from checkflow.write.commit import CommitProtocol, RankResult, write_commit
 from checkflow.write.datafiles import DataFileWriter, checksum, chunk_boxes
 from checkflow.write.snapshot import Snapshot
@@ -162,8 +162,9 @@ class PersistWorker:
                 committed = self._persist(job)  # writes each tensor once it is copied
             except BaseException as e:  # a failed persist must not kill the worker
                 self.stats.failed += 1
+                self.stats.last_error = failure_text(e)
                 self._reset_chain()
-                log.error("checkpoint of step %d failed: %s", job.snapshot.step, e)
+                log.error("checkpoint of step %d failed: %s", job.snapshot.step, failure_text(e))
                 error = e
                 # Its buffers go back only once nothing copies into them: a persist that
                 # failed early (unstorable objects) did not wait for the copy.
@@ -282,6 +283,7 @@ class PersistWorker:
             )
         duration = time.perf_counter() - t0
         self.stats.committed += 1
+        self.stats.last_error = ""
         self.stats.last_step = snap.step
         self.stats.bytes_written += writer.total
         self.stats.last_bytes = writer.total
@@ -334,6 +336,15 @@ class PersistWorker:
                 )
             )
         return entries
+
+
+def failure_text(error: BaseException) -> str:
+    """Why a persist failed, as logged and kept in ``stats.last_error``: an I/O error is a
+    ``storage error`` (the store refused or failed; waiting longer would not help), anything
+    else (state that cannot be stored, a bug) is shown as it is."""
+    if isinstance(error, OSError | StorageAccessError):
+        return f"storage error: {error}"
+    return f"{type(error).__name__}: {error}"
 
 
 def _lower_priority(nice: int) -> None:

@@ -28,6 +28,9 @@ class CheckpointStats:
     """Checkpoints this rank persisted (the commit itself may be another rank's)."""
     failed: int = 0
     """Checkpoints whose persist failed on this rank."""
+    last_error: str = ""
+    """Why this rank's newest persist failed (``"storage error: ..."`` when storage refused
+    it); empty once a persist succeeds again."""
     interval: int | None = None
     """Current interval in steps (``every`` or the policy's choice)."""
     stalls_s: list[float] = field(default_factory=list)

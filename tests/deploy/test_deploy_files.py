@@ -2,8 +2,9 @@
 can run here, run.
 
 - the Dockerfile with hadolint, and its install recipe (``deploy/install-coordinator.sh``)
-  run into a fresh venv, whose coordinator must start and answer ``/healthz`` without torch
-  (no container runtime runs in CI, so the image itself is not built here);
+  run into a fresh venv, whose coordinator must start and answer ``/healthz`` without torch,
+  and whose ``checkflow ls``/``verify``/``restore`` say in one line that they need
+  ``checkflow[full]`` (no container runtime runs in CI, so the image itself is not built);
 - the Kubernetes manifests against the Kubernetes schemas (kubernetes-validate, strict);
 - the shell scripts (install recipe, SLURM batch script) with shellcheck;
 - the Grafana dashboard against the metrics a real coordinator exposes.
@@ -126,6 +127,19 @@ def test_the_install_recipe_gives_a_coordinator_that_starts_without_torch(tmp_pa
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+    # The commands that read checkpoints need torch and numpy: one line says how to get them.
+    for argv in (["ls", "."], ["verify", "."], ["restore", ".", "--out", "m.pt"]):
+        res = subprocess.run(
+            [str(venv / "bin" / "checkflow"), *argv],
+            capture_output=True, text=True, timeout=120, env=serve_env, cwd=tmp_path,
+        )  # fmt: skip
+        assert (res.returncode, res.stdout) == (5, ""), res.stderr
+        assert res.stderr.startswith(
+            f"checkflow: error: checkflow {argv[0]} needs the full install: "
+            "pip install 'checkflow[full]' (this is a coordinator-only install, without "
+        ), res.stderr
+        assert len(res.stderr.splitlines()) == 1
 
 
 def _wait_for_health(url: str, server: subprocess.Popen[str]) -> dict[str, object]:

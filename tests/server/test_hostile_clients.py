@@ -238,7 +238,7 @@ def test_serve_takes_its_token_from_a_file_and_warns_when_others_can_read_it(
 
 
 @pytest.mark.parametrize(
-    ("command", "rc"), [(["status"], 0), (["restore", "--job", "nope", "--coordinator"], 1)]
+    ("command", "rc"), [(["status"], 0), (["restore", "--job", "nope", "--coordinator"], 4)]
 )
 def test_client_commands_warn_once_for_a_command_line_token_and_never_for_a_file(
     tmp_path: Path, command: list[str], rc: int

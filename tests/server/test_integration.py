@@ -153,5 +153,5 @@ def test_status_without_a_coordinator_says_what_to_do(
 ) -> None:
     from checkflow.cli import main
 
-    assert main(["restore", "--coordinator", "http://127.0.0.1:9", "--job", "j"]) == 1
+    assert main(["restore", "--coordinator", "http://127.0.0.1:9", "--job", "j"]) == 3
     assert "is `checkflow serve` running" in capsys.readouterr().err
