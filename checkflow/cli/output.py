@@ -5,9 +5,11 @@ else (a pipe, a file, a test capturing the output) they are plain text with no c
 markup and no wrapping, so ``grep``/``awk`` see one row per line with columns split by
 spaces, as the README shows them.
 
-Exit codes: 0 success; 1 a checkpoint failed verification, an operation failed half way or
-the coordinator refused; 2 bad usage or input (wrong URI, step not committed, refused
-option), in which case nothing was changed. Expected errors print one line,
+Exit codes (the README's table): 0 success; 1 a checkpoint failed verification or an
+operation failed half way; 2 bad usage or input (wrong URI, step not committed, refused
+option; an unknown job, a step or a token the coordinator refuses), in which case nothing
+was changed; 3 the coordinator cannot be reached (or answers as no checkflow coordinator
+of this version does): nothing was changed, try again. Expected errors print one line,
 ``checkflow: error: <what>; <what to do>``, never a traceback.
 """
 
@@ -25,9 +27,13 @@ from rich.text import Text
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-"""A checkpoint failed verification, an operation failed half way, or the coordinator refused."""
+"""A checkpoint failed verification, or an operation failed half way."""
 EXIT_USAGE = 2
-"""Bad usage or input; nothing was changed."""
+"""Bad usage or input (the coordinator's 401, 403, 404, 409, 422 included); nothing was
+changed."""
+EXIT_UNAVAILABLE = 3
+"""The coordinator cannot be reached, fails (5xx), or is no checkflow coordinator of this
+version; nothing was changed."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C, as a shell reports a SIGINT."""
 

@@ -202,9 +202,11 @@ def run_agent(
         result = agent.run()
         if result.is_failed():
             raise ChildFailedError(name=_script(args), failures=result.failures)
-    except SignalException:
+    except BaseException as e:
         # Closing the rendezvous here would close it for good: other nodes could not rejoin.
-        shutdown_rdzv = False
+        shutdown_rdzv = not isinstance(e, SignalException)
+        if watch is not None:  # stopped or failed, not recovering for good
+            watch.report_stop(e)
         raise
     finally:
         if shutdown_rdzv:

@@ -2,7 +2,8 @@
 
 The agent asks about once a second for the job and its ranks (``GET`` :data:`paths.JOB`
 and :data:`paths.RANKS`) and sends its crash reports (``POST`` :data:`paths.FAILURE`) from
-the same thread, so that the monitor loop never waits on the network: an unreachable or
+the same thread (the one report sent from the caller's thread is the last: that the
+launcher stopped, ``POST`` :data:`paths.STOP`), so that the monitor loop never waits on the network: an unreachable or
 slow coordinator must never stop or slow the job. It is logged once, and again when it is
 back.
 """
@@ -19,7 +20,15 @@ import httpx
 
 from checkflow.client.env import CoordinatorSettings
 from checkflow.client.transport import Channel, CoordinatorUnavailable, why
-from checkflow.protocol import FailureReport, JobPublic, RankList, RankPublic, paths
+from checkflow.protocol import (
+    FailureReport,
+    JobPublic,
+    RankList,
+    RankPublic,
+    StopReason,
+    StopRequest,
+    paths,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +52,8 @@ class CoordinatorWatch:
     """Polls ``settings.job`` and sends failure reports from a daemon thread.
 
     Call order: :meth:`start`, then :meth:`view` / :meth:`refresh` / :meth:`report_failure`
-    from the agent's monitor loop, :meth:`close` at the end.
+    from the agent's monitor loop, :meth:`report_stop` when the launcher stops, and
+    :meth:`close` at the end.
     """
 
     def __init__(self, settings: CoordinatorSettings, interval_s: float = POLL_INTERVAL_S):
@@ -80,6 +90,20 @@ class CoordinatorWatch:
         ``seen_at``); the thread looks at the job again and sends it at once, with the
         generation the coordinator has for that rank."""
         self._reports.put((rank, exit_code, seen_at))
+
+    def report_stop(self, error: BaseException) -> None:
+        """Tell the coordinator the launcher stops for ``error`` (see :func:`stop_request`),
+        so that the job shows stopped or failed instead of recovering for good. Waits at
+        most one request timeout; never raises (the job ends either way)."""
+        view = self.refresh()
+        if view is None:
+            logger.warning("checkflow: the coordinator was not told that job %s stopped", self.job)
+            return
+        body = stop_request(error, view.generation)
+        try:
+            self._channel.call("POST", paths.path(paths.STOP, job=self.job), body, JobPublic)
+        except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
+            logger.warning("coordinator: reporting that job %s stopped failed: %s", self.job, e)
 
     # --- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -173,3 +197,14 @@ class CoordinatorWatch:
         if self._unreachable:
             self._unreachable = False
             logger.warning("coordinator %s reachable again", self.url)
+
+
+def stop_request(error: BaseException, generation: int) -> StopRequest:
+    """What the launcher tells the coordinator when ``error`` ends it: a signal (Ctrl-C,
+    SIGTERM: torch's ``SignalException``, or ``KeyboardInterrupt``) stops the job; any
+    other end (restarts used up: ``ChildFailedError``; workers that cannot form their
+    world) is recovery giving up: the job failed."""
+    signal = type(error).__name__ in ("SignalException", "KeyboardInterrupt")
+    reason = StopReason.INTERRUPTED if signal else StopReason.GAVE_UP
+    detail = f"{type(error).__name__}: {error}"[:1024]
+    return StopRequest(generation=generation, reason=reason, detail=detail)

@@ -41,6 +41,7 @@ from checkflow.protocol.messages import (
     RestoredReport,
     RestorePoint,
     RetentionReport,
+    StopRequest,
 )
 from checkflow.protocol.schedule import Schedule
 from checkflow.protocol.status import (
@@ -50,7 +51,9 @@ from checkflow.protocol.status import (
     CheckpointStatus,
     CheckpointTier,
     FaultKind,
+    JobState,
     RankState,
+    StopReason,
 )
 
 __all__ = [
@@ -79,6 +82,7 @@ __all__ = [
     "JobCreated",
     "JobList",
     "JobPublic",
+    "JobState",
     "JobToken",
     "NodeHeartbeat",
     "NodeHeartbeatReply",
@@ -89,6 +93,8 @@ __all__ = [
     "RankList",
     "RankPublic",
     "RankState",
+    "StopReason",
+    "StopRequest",
     "RecoverRequest",
     "RegisterRequest",
     "Registration",

@@ -142,9 +142,9 @@ def test_status_and_roll_back_commands(
     roll_back = ["restore", "--coordinator", server.url, "--job", "cli", "--step"]
     assert main([*roll_back, "10", "--token", server.token or ""]) == 0
     assert "rolled back to step 10" in capsys.readouterr().out
-    assert main([*roll_back, "15", "--token", server.token or ""]) == 1
+    assert main([*roll_back, "15", "--token", server.token or ""]) == 2
     assert "not found" in capsys.readouterr().err
-    assert main([*roll_back, "10", "--token", "wrong"]) == 1
+    assert main([*roll_back, "10", "--token", "wrong"]) == 2
     assert "token" in capsys.readouterr().err
 
 
@@ -153,5 +153,5 @@ def test_status_without_a_coordinator_says_what_to_do(
 ) -> None:
     from checkflow.cli import main
 
-    assert main(["restore", "--coordinator", "http://127.0.0.1:9", "--job", "j"]) == 1
+    assert main(["restore", "--coordinator", "http://127.0.0.1:9", "--job", "j"]) == 3
     assert "is `checkflow serve` running" in capsys.readouterr().err
