@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from checkflow_server.domain import lifecycle
 from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.state import Job
 
@@ -15,6 +16,8 @@ def retune(job: Job, now: float) -> Changes:
     """Recompute the job's interval; a change starts far enough ahead that every live rank
     hears of it before getting there (the previous schedule applies until then)."""
     changes = Changes()
+    if job.state in lifecycle.ENDED:
+        return changes  # it trains no more: its last measurements tune nothing
     t = job.ranks
     # Every rank must have reported: the slowest one sets the pace of synchronous training
     # and of its checkpoints, and it may be one not heard from yet. A change decided from
