@@ -124,9 +124,7 @@ class Coordinator:
         job = self.job(name)
         return self._apply(job, *jobs.stop(job, body, self.clock()))
 
-    def events(
-        self, name: str, *, after: int, limit: int, kinds: Iterable[str] = ()
-    ) -> EventList:
+    def events(self, name: str, *, after: int, limit: int, kinds: Iterable[str] = ()) -> EventList:
         job = self.job(name)
         found = self.repository.events(job, after=after, limit=limit, kinds=kinds)
         return EventList(events=found)

@@ -67,6 +67,15 @@ def status_row(server: ServerProcess, job: str) -> list[str]:
     return row
 
 
+def changes(server: ServerProcess, job: str) -> int:
+    """How many times the coordinator changed ``job``'s interval."""
+    return [e.kind for e in server.events(job)].count("interval_changed")
+
+
+def wait_for_changes(server: ServerProcess, job: str, count: int) -> None:
+    wait_until(lambda: changes(server, job) >= count, 20, f"{count} interval changes")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     """One coordinator for the module, retuning often (the status test needs interval
@@ -127,13 +136,13 @@ def test_status_limit_6_lists_the_recovery_that_more_than_6_events_followed(
         ranks.register()
         ranks.heartbeat(20, iteration_s=0.5, stall_s=0.1)  # trained past step 10 again
         # Then interval changes, one after the other (the step runs past each change).
-        step, kinds = 20, lambda: [e.kind for e in server.events("tuned")]
-        for stall in (0.4, 0.02, 0.4, 0.02, 0.4):
-            seen = kinds().count("interval_changed")
+        before, step = changes(server, "tuned"), 20
+        for n, stall in enumerate((0.4, 0.02, 0.4, 0.02, 0.4), start=1):
             step += 10_000
             ranks.heartbeat(step, iteration_s=0.5, stall_s=stall)
-            wait_until(lambda: kinds().count("interval_changed") > seen, 20, "a retune")
-    after = kinds()[kinds().index("generation_started") + 1 :]
+            wait_for_changes(server, "tuned", before + n)
+    kinds = [e.kind for e in server.events("tuned")]
+    after = kinds[kinds.index("generation_started") + 1 :]
     assert len(after) > 6 and "generation_started" not in after
 
     shown = cli("status", server.url, "tuned", "--limit", "6")

@@ -197,3 +197,26 @@ def test_the_state_and_a_pending_roll_back_survive_a_restart(tmp_path: Path) -> 
     assert (loaded.state, loaded.rollback_step, loaded.restore_step()) == (FINISHED, 10, 10)
     assert statuses(loaded) == {10: "committed", 20: "committed"}
     assert CheckpointStatus.ABANDONED not in {c.status for c in loaded.checkpoints.values()}
+
+
+# --- through the API ----------------------------------------------------------------------
+def test_the_api_shows_the_state_takes_a_stop_and_filters_events_by_kind(client) -> None:
+    client.post("/v1/jobs", json={"name": "j", "world_size": 1})
+    client.post("/v1/jobs/j/ranks/0/register", json={})
+    assert client.get("/v1/jobs/j").json()["state"] == "running"
+    for body in ({"generation": 1, "reason": "bored"}, {"generation": 1}, {"reason": "gave_up"}):
+        r = client.post("/v1/jobs/j/stop", json=body)
+        assert r.status_code == 422, r.text
+    assert (
+        client.post("/v1/jobs/nope/stop", json={"generation": 1, "reason": "gave_up"}).status_code
+        == 404
+    )
+    r = client.post("/v1/jobs/j/stop", json={"generation": 2, "reason": "gave_up"})
+    assert r.status_code == 409 and "generation 2" in r.json()["detail"]
+    r = client.post("/v1/jobs/j/stop", json={"generation": 1, "reason": "gave_up", "detail": "x"})
+    assert r.status_code == 200 and r.json()["state"] == "failed"
+    assert client.get("/v1/jobs/j").json()["state"] == "failed"
+    newest = client.get("/v1/jobs/j/events", params={"limit": 1}).json()["events"]
+    assert [e["kind"] for e in newest] == ["job_stopped"]
+    created = client.get("/v1/jobs/j/events", params={"kind": ["job_created", "nothing"]})
+    assert [e["kind"] for e in created.json()["events"]] == ["job_created"]
