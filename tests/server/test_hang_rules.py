@@ -208,11 +208,13 @@ def test_a_pending_recovery_survives_a_coordinator_restart(tmp_path: Path) -> No
 
 
 def test_a_database_of_an_older_coordinator_gets_the_new_column(tmp_path: Path) -> None:
+    import re
     import sqlite3
 
     from checkflow_server.repository import rows
 
-    old = rows.SCHEMA.replace(", hang_timeout_s REAL", "")
+    # The jobs table as it was before hang_timeout_s (and the columns added after it).
+    old = re.sub(r", hang_timeout_s REAL[^)]*", "", rows.SCHEMA)
     conn = sqlite3.connect(tmp_path / "old.db")
     conn.executescript(old)
     conn.execute(
@@ -223,3 +225,4 @@ def test_a_database_of_an_older_coordinator_gets_the_new_column(tmp_path: Path) 
     conn.close()
     [job] = Repository(tmp_path / "old.db").load_jobs()
     assert (job.name, job.hang_timeout_s, job.recovery) == ("j", None, None)
+    assert (job.state, job.rollback_step) == ("running", None)  # NULL in the old row
