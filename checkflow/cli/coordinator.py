@@ -97,6 +97,8 @@ def jobs(http: httpx.Client) -> list[JobPublic]:
     return _get(http, paths.path(paths.JOBS), JobList).jobs
 
 
+MAX_EVENTS = 10_000
+"""The most events one ``GET .../events`` returns."""
 RECOVERY_EVENTS = ("generation_started", "trained_again")
 """The events a recovery is made of: its start and the moment the job trained again."""
 
@@ -108,7 +110,7 @@ def job_report(http: httpx.Client, job: str, limit: int) -> JobReport:
     events = paths.path(paths.EVENTS, job=job)
     # Each recovery is at most two of these events: 2 * limit + 1 of them hold the starts
     # of the newest `limit` recoveries (the oldest one may be a lone trained_again).
-    recoveries = {"limit": 2 * limit + 1, "kind": list(RECOVERY_EVENTS)}
+    recoveries = {"limit": min(2 * limit + 1, MAX_EVENTS), "kind": list(RECOVERY_EVENTS)}
     return JobReport(
         job=_get(http, paths.path(paths.JOB, job=job), JobPublic),
         ranks=_get(http, paths.path(paths.RANKS, job=job), RankList).ranks,
