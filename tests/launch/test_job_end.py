@@ -49,8 +49,9 @@ def test_ctrl_c_on_checkflow_run_stops_the_job(tmp_path: Path, coordinator: Serv
         assert coordinator.job("interrupted").state == "running"
         workers = node.workers()
         node.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the launcher
-        if node.wait(60) is None:
-            fail("checkflow run did not stop on SIGINT", [node])
+        rc = node.wait(60)
+        if rc != 130:
+            fail(f"checkflow run did not stop on SIGINT with 130 (rc {rc})", [node])
     finally:
         for pid in workers:  # torch's workers are in sessions of their own
             with contextlib.suppress(ProcessLookupError):
