@@ -47,6 +47,7 @@ from checkflow.protocol import (
     RestoredReport,
     RestorePoint,
     RetentionReport,
+    StopRequest,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,9 +121,14 @@ class Coordinator:
         job = self.job(name)
         return self._apply(job, *jobs.recover(job, body, self.clock()))
 
-    def events(self, name: str, *, after: int, limit: int) -> EventList:
+    def stop(self, name: str, body: StopRequest) -> JobPublic:
         job = self.job(name)
-        return EventList(events=self.repository.events(job, after=after, limit=limit))
+        return self._apply(job, *jobs.stop(job, body, self.clock()))
+
+    def events(self, name: str, *, after: int, limit: int, kinds: Iterable[str] = ()) -> EventList:
+        job = self.job(name)
+        found = self.repository.events(job, after=after, limit=limit, kinds=kinds)
+        return EventList(events=found)
 
     # --- ranks --------------------------------------------------------------------------
     def register(self, name: str, rank: int, body: RegisterRequest) -> Registration:

@@ -4,8 +4,8 @@ parsed into the protocol's models (``model_validate``), here and only here; the 
 modules format what these functions return.
 
 A failure raises :class:`~checkflow.cli.output.CliError`: exit 3 when the coordinator is
-unreachable, 4 when it does not know the job (HTTP 404), 1 when it refuses (401, 403, 409),
-2 when it rejects the input (HTTP 422).
+unreachable or fails, 4 when it does not know the job (HTTP 404), 2 when it refuses the
+request (a token or a step: 401, 403, 409, 422).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from checkflow.cli.output import (
-    EXIT_FAILED,
     EXIT_NOT_FOUND,
-    EXIT_UNREACHABLE,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     TOKEN_ON_COMMAND_LINE,
     CliError,
@@ -55,6 +54,9 @@ class JobReport:
     ranks: list[RankPublic]
     checkpoints: list[CheckpointPublic]
     events: list[EventPublic]
+    recoveries: list[EventPublic]
+    """The ``generation_started`` and ``trained_again`` events of the newest recoveries
+    (asked for by kind: the newest events may hold none of them)."""
 
 
 URL = "CHECKFLOW_URL"
@@ -97,16 +99,28 @@ def jobs(http: httpx.Client) -> list[JobPublic]:
     return _get(http, paths.path(paths.JOBS), JobList).jobs
 
 
+MAX_EVENTS = 10_000
+"""The most events one ``GET .../events`` returns."""
+RECOVERY_EVENTS = ("generation_started", "trained_again")
+"""The events a recovery is made of: its start and the moment the job trained again."""
+
+
 def job_report(http: httpx.Client, job: str, limit: int) -> JobReport:
-    """One job with its ranks and its ``limit`` newest checkpoints and events."""
+    """One job with its ranks, its ``limit`` newest checkpoints and events, and the events
+    of its ``limit`` newest recoveries."""
     newest = {"limit": limit}
+    events = paths.path(paths.EVENTS, job=job)
+    # Each recovery is at most two of these events: 2 * limit + 1 of them hold the starts
+    # of the newest `limit` recoveries (the oldest one may be a lone trained_again).
+    recoveries = {"limit": min(2 * limit + 1, MAX_EVENTS), "kind": list(RECOVERY_EVENTS)}
     return JobReport(
         job=_get(http, paths.path(paths.JOB, job=job), JobPublic),
         ranks=_get(http, paths.path(paths.RANKS, job=job), RankList).ranks,
         checkpoints=_get(
             http, paths.path(paths.CHECKPOINTS, job=job), CheckpointList, newest
         ).checkpoints,
-        events=_get(http, paths.path(paths.EVENTS, job=job), EventList, newest).events,
+        events=_get(http, events, EventList, newest).events,
+        recoveries=_get(http, events, EventList, recoveries).events,
     )
 
 
@@ -124,6 +138,18 @@ def recover(http: httpx.Client, job: str, step: int | None) -> RestorePoint:
 
 
 # --- helpers ------------------------------------------------------------------------------
+def _detail(r: httpx.Response) -> str:
+    """The ``detail`` of a refusal; the start of the body when it is not the API's JSON
+    (a proxy's page, another server)."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    return f"HTTP {r.status_code}: {r.text[:200]}"
+
+
 def _http(url: str, token: str | None) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=10.0)
@@ -141,7 +167,7 @@ def _parse(reply: Any, model: type[M]) -> M:
         raise CliError(
             f"the coordinator's reply is not a {model.__name__} ({e.error_count()} problems, "
             f"first: {e.errors()[0]['msg']}); is it a checkflow coordinator of this version?",
-            EXIT_FAILED,
+            EXIT_UNAVAILABLE,
         ) from e
 
 
@@ -158,23 +184,22 @@ def _send(
         raise CliError(
             f"cannot reach the coordinator at {http.base_url}: {e}; is "
             "`checkflow serve` running there?",
-            EXIT_UNREACHABLE,
+            EXIT_UNAVAILABLE,
         ) from e
     if r.status_code == 401:
         raise CliError(
-            f"the coordinator refused: {unauthorized_hint(token_sent(r.request))}", EXIT_FAILED
+            f"the coordinator refused: {unauthorized_hint(token_sent(r.request))}", EXIT_USAGE
         )
     if r.status_code == 404:  # the CLI asks only for jobs by name: the job is unknown
-        detail = r.json().get("detail")
         raise CliError(
-            f"{detail} on the coordinator at {http.base_url}; `checkflow status "
+            f"{_detail(r)} on the coordinator at {http.base_url}; `checkflow status "
             f"{http.base_url}` lists the jobs it knows",
             EXIT_NOT_FOUND,
         )
     if r.status_code in (403, 409, 422):
-        detail = r.json().get("detail")
         hint = " (see `checkflow status URL JOB`)" if r.status_code == 409 else ""
-        raise CliError(f"{detail}{hint}", EXIT_USAGE if r.status_code == 422 else EXIT_FAILED)
+        raise CliError(f"{_detail(r)}{hint}", EXIT_USAGE)
     if r.status_code >= 400:
-        raise CliError(f"coordinator answered HTTP {r.status_code}: {r.text[:200]}", EXIT_FAILED)
+        code = EXIT_UNAVAILABLE if r.status_code >= 500 else EXIT_USAGE
+        raise CliError(f"coordinator answered HTTP {r.status_code}: {r.text[:200]}", code)
     return r.json()

@@ -5,11 +5,13 @@ else (a pipe, a file, a test capturing the output) they are plain text with no c
 markup and no wrapping, so ``grep``/``awk`` see one row per line with columns split by
 spaces, as the README shows them.
 
-Exit codes: 0 success; 1 a checkpoint failed verification, an operation failed half way or
-the coordinator refused; 2 bad usage or input (wrong URI, step not committed, refused
-option), in which case nothing was changed; 3 the coordinator cannot be reached; 4 the
-coordinator does not know the job; 5 the command needs the full install (torch, numpy),
-which the coordinator-only one lacks; 130 Ctrl-C. Expected errors print one line,
+Exit codes (the README's table): 0 success; 1 a checkpoint failed verification or an
+operation failed half way; 2 bad usage or input (wrong URI, step not committed, refused
+option; a step or a token the coordinator refuses), in which case nothing was changed; 3
+the coordinator cannot be reached (or fails, or answers as no checkflow coordinator of
+this version does): nothing was changed, try again; 4 the coordinator does not know the
+job; 5 the command needs the full install (torch, numpy), which the coordinator-only one
+lacks; 130 Ctrl-C. Expected errors print one line,
 ``checkflow: error: <what>; <what to do>``, never a traceback.
 """
 
@@ -27,11 +29,13 @@ from rich.text import Text
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-"""A checkpoint failed verification, an operation failed half way, or the coordinator refused."""
+"""A checkpoint failed verification, or an operation failed half way."""
 EXIT_USAGE = 2
-"""Bad usage or input; nothing was changed."""
-EXIT_UNREACHABLE = 3
-"""The coordinator cannot be reached (nothing was asked of it): start it, or fix the URL."""
+"""Bad usage or input (the coordinator's 401, 403, 409 and 422 included); nothing was
+changed."""
+EXIT_UNAVAILABLE = 3
+"""The coordinator cannot be reached, fails (5xx), or is no checkflow coordinator of this
+version; nothing was changed."""
 EXIT_NOT_FOUND = 4
 """The coordinator does not know the job named (nothing was changed)."""
 EXIT_NEEDS_FULL_INSTALL = 5

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     line()
     _print_events(report.events)
     line()
-    _print_recoveries(report.events)
+    _print_recoveries(report.recoveries, args.limit, report.job)
     return EXIT_OK
 
 
@@ -60,10 +60,11 @@ def _print_jobs(jobs: list[JobPublic]) -> None:
         line("no jobs")
         return
     table(
-        ["JOB", "WORLD", "ALIVE", "GEN", "INTERVAL", "NEXT CKPT", "RESTORE", "FAILURES"],
+        ["JOB", "STATE", "WORLD", "ALIVE", "GEN", "INTERVAL", "NEXT CKPT", "RESTORE", "FAILURES"],
         [
             [
                 j.name,
+                j.state,
                 j.world_size,
                 j.ranks_alive,
                 j.generation,
@@ -74,7 +75,7 @@ def _print_jobs(jobs: list[JobPublic]) -> None:
             ]
             for j in jobs
         ],
-        right=range(1, 8),
+        right=range(2, 9),
     )
 
 
@@ -140,13 +141,17 @@ def _print_events(events: list[EventPublic]) -> None:
     )
 
 
-def _print_recoveries(events: list[EventPublic]) -> None:
-    """One row per new generation among ``events``: the fault that started it (``-``: a
-    roll-back or a resize), its detection latency, the restore step, and the seconds from
-    the failure (and from the fault) until the job trained again, from the generation's
-    ``trained_again`` event (``recovering`` until there is one)."""
+def _print_recoveries(
+    events: list[EventPublic], limit: int | None = None, job: JobPublic | None = None
+) -> None:
+    """One row per new generation among ``events`` (the newest ``limit``): the fault that
+    started it (``-``: a roll-back or a resize), its detection latency, the restore step,
+    and the seconds from the failure (and from the fault) until the job trained again, from
+    the generation's ``trained_again`` event (``recovering`` until there is one, or the
+    ``job``'s state for its current generation once it has ended: ``stopped``...)."""
     trained = {e.generation: e.detail for e in events if e.kind == "trained_again"}
     started = [e for e in events if e.kind == "generation_started"]
+    started = started[-limit:] if limit else started
     if not started:
         line("no recoveries")
         return
@@ -160,7 +165,7 @@ def _print_recoveries(events: list[EventPublic]) -> None:
                 e.detail.get("failed_ranks"),
                 e.detail.get("detection_s"),
                 e.detail.get("restore_step"),
-                done.get("recovery_s", "recovering"),
+                done.get("recovery_s", _not_trained_yet(e.generation, job)),
                 done.get("fault_to_training_s"),
             ]
         )
@@ -169,6 +174,18 @@ def _print_recoveries(events: list[EventPublic]) -> None:
         rows,
         right={0, 3, 4, 5, 6},
     )
+
+
+ENDED = ("finished", "stopped", "failed")
+"""Job states in which nothing runs (``JobState``): no recovery is under way."""
+
+
+def _not_trained_yet(generation: int, job: JobPublic | None) -> str:
+    """A recovery with no ``trained_again`` yet: ``recovering``, or for the job's current
+    generation once the job has ended, its state (a stopped job recovers no more)."""
+    if job is not None and generation == job.generation and job.state in ENDED:
+        return str(job.state)
+    return "recovering"
 
 
 COMMAND = Command("status", "show jobs, ranks, checkpoints and events", configure, run)

@@ -186,7 +186,7 @@ def run_agent(
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from checkflow.launch.watch import CoordinatorWatch
+    from checkflow.launch.watch import CoordinatorWatch, watching
 
     if hasattr(config, "signals_to_handle"):  # torch <= 2.9 has no such setting
         os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
@@ -196,12 +196,11 @@ def run_agent(
     agent = _agent(config, spec, watch, warm, ram_dir, claims_dir)
     shutdown_rdzv = True
     try:
-        if watch is not None:
-            watch.start()
-        metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
-        result = agent.run()
-        if result.is_failed():
-            raise ChildFailedError(name=_script(args), failures=result.failures)
+        with watching(watch):  # a stop (Ctrl-C, restarts used up) is reported to it
+            metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
+            result = agent.run()
+            if result.is_failed():
+                raise ChildFailedError(name=_script(args), failures=result.failures)
     except SignalException:
         # Closing the rendezvous here would close it for good: other nodes could not rejoin.
         shutdown_rdzv = False

@@ -2,7 +2,8 @@
 
 The agent asks about once a second for the job and its ranks (``GET`` :data:`paths.JOB`
 and :data:`paths.RANKS`) and sends its crash reports (``POST`` :data:`paths.FAILURE`) from
-the same thread, so that the monitor loop never waits on the network: an unreachable or
+the same thread, and last of all that the launcher stopped (``POST`` :data:`paths.STOP`,
+see :func:`watching`), so that the monitor loop never waits on the network: an unreachable or
 slow coordinator must never stop or slow the job. It is logged once, and again when it is
 back.
 """
@@ -13,13 +14,23 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
 
 from checkflow.client.env import CoordinatorSettings
 from checkflow.client.transport import Channel, CoordinatorUnavailable, why
-from checkflow.protocol import FailureReport, JobPublic, RankList, RankPublic, paths
+from checkflow.protocol import (
+    FailureReport,
+    JobPublic,
+    RankList,
+    RankPublic,
+    StopReason,
+    StopRequest,
+    paths,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +54,8 @@ class CoordinatorWatch:
     """Polls ``settings.job`` and sends failure reports from a daemon thread.
 
     Call order: :meth:`start`, then :meth:`view` / :meth:`refresh` / :meth:`report_failure`
-    from the agent's monitor loop, :meth:`close` at the end.
+    from the agent's monitor loop, :meth:`report_stop` when the launcher stops, and
+    :meth:`close` at the end.
     """
 
     def __init__(self, settings: CoordinatorSettings, interval_s: float = POLL_INTERVAL_S):
@@ -51,7 +63,8 @@ class CoordinatorWatch:
         self.url, self.job = settings.url, settings.job
         self.interval_s = interval_s
         self._channel = Channel(settings.url.rstrip("/"), settings.token, REQUEST_TIMEOUT_S)
-        self._reports: queue.Queue[tuple[int, int, float] | None] = queue.Queue()
+        self._reports: queue.Queue[tuple[int, int, float] | BaseException | None]
+        self._reports = queue.Queue()
         self._view: JobView | None = None
         self._unreachable = False
         self._no_failure_route = False
@@ -81,6 +94,13 @@ class CoordinatorWatch:
         generation the coordinator has for that rank."""
         self._reports.put((rank, exit_code, seen_at))
 
+    def report_stop(self, error: BaseException) -> None:
+        """Queue the report that the launcher stops for ``error`` (see :func:`stop_request`),
+        so that the job shows stopped or failed instead of recovering for good. It goes
+        after the crash reports queued before it (the job's log tells the crash, then the
+        stop); :meth:`close` waits for it."""
+        self._reports.put(error)
+
     # --- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
         next_poll = 0.0
@@ -93,7 +113,10 @@ class CoordinatorWatch:
                 continue
             if item is None:
                 return
-            self._send(*item)
+            if isinstance(item, BaseException):
+                self._send_stop(item)
+            else:
+                self._send(*item)
 
     def _poll(self) -> None:
         asked_at = time.monotonic()
@@ -160,6 +183,17 @@ class CoordinatorWatch:
         except Exception:
             logger.exception("coordinator: reporting rank %d failed", rank)
 
+    def _send_stop(self, error: BaseException) -> None:
+        view = self.refresh()  # the job's generation now: its crash reports started one
+        if view is None:
+            logger.warning("checkflow: the coordinator was not told that job %s stopped", self.job)
+            return
+        body = stop_request(error, view.generation)
+        try:
+            self._channel.call("POST", paths.path(paths.STOP, job=self.job), body, JobPublic)
+        except (CoordinatorUnavailable, httpx.HTTPStatusError) as e:
+            logger.warning("coordinator: reporting that job %s stopped failed: %s", self.job, e)
+
     def _note_unreachable(self, error: Exception) -> None:
         if not self._unreachable:
             self._unreachable = True
@@ -173,3 +207,30 @@ class CoordinatorWatch:
         if self._unreachable:
             self._unreachable = False
             logger.warning("coordinator %s reachable again", self.url)
+
+
+@contextmanager
+def watching(watch: CoordinatorWatch | None) -> Iterator[None]:
+    """Start ``watch`` (None: no coordinator) for the block; an exception that ends the
+    block ends the launcher, and is reported to it (:meth:`CoordinatorWatch.report_stop`)
+    before it propagates. The caller still closes the watch."""
+    if watch is None:
+        yield
+        return
+    watch.start()
+    try:
+        yield
+    except BaseException as e:
+        watch.report_stop(e)
+        raise
+
+
+def stop_request(error: BaseException, generation: int) -> StopRequest:
+    """What the launcher tells the coordinator when ``error`` ends it: a signal (Ctrl-C,
+    SIGTERM: torch's ``SignalException``, or ``KeyboardInterrupt``) stops the job; any
+    other end (restarts used up: ``ChildFailedError``; workers that cannot form their
+    world) is recovery giving up: the job failed."""
+    signal = type(error).__name__ in ("SignalException", "KeyboardInterrupt")
+    reason = StopReason.INTERRUPTED if signal else StopReason.GAVE_UP
+    detail = f"{type(error).__name__}: {error}"[:1024]
+    return StopRequest(generation=generation, reason=reason, detail=detail)

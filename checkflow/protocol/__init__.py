@@ -41,6 +41,7 @@ from checkflow.protocol.messages import (
     RestoredReport,
     RestorePoint,
     RetentionReport,
+    StopRequest,
 )
 from checkflow.protocol.schedule import Schedule
 from checkflow.protocol.status import (
@@ -51,7 +52,9 @@ from checkflow.protocol.status import (
     CheckpointTier,
     FaultKind,
     IntervalMode,
+    JobState,
     RankState,
+    StopReason,
 )
 
 __all__ = [
@@ -81,6 +84,7 @@ __all__ = [
     "JobCreated",
     "JobList",
     "JobPublic",
+    "JobState",
     "JobToken",
     "NodeHeartbeat",
     "NodeHeartbeatReply",
@@ -91,6 +95,8 @@ __all__ = [
     "RankList",
     "RankPublic",
     "RankState",
+    "StopReason",
+    "StopRequest",
     "RecoverRequest",
     "RegisterRequest",
     "Registration",

@@ -30,7 +30,9 @@ from checkflow.protocol.status import (
     CheckpointStatus,
     CheckpointTier,
     FaultKind,
+    JobState,
     RankState,
+    StopReason,
 )
 
 
@@ -93,6 +95,12 @@ class JobPublic(BaseModel):
     ranks_alive: int
     failures: int
     recovering: bool
+    """``state == "recovering"``; kept for older readers."""
+    state: JobState = Field(
+        default=JobState.RUNNING,
+        description="running, recovering, finished, stopped or failed (default for replies "
+        "of older coordinators: running).",
+    )
 
 
 class JobCreated(JobPublic):
@@ -202,6 +210,14 @@ class NodeHeartbeatReply(BaseModel):
 class FinishRequest(Strict):
     generation: Generation
     step: Step | None = Field(default=None, description="The last step trained.")
+
+
+class StopRequest(Strict):
+    """A launcher stops its job (``POST .../stop``): Ctrl-C, or recovery gave up."""
+
+    generation: Generation = Field(description="The newest generation the launcher saw.")
+    reason: StopReason
+    detail: str = Field(default="", max_length=1024)
 
 
 class FailureReport(Strict):

@@ -40,12 +40,39 @@ class RankState(StrEnum):
     """Ended training normally; its silence is not a failure."""
 
 
+class JobState(StrEnum):
+    """Where a job stands in its life (``server/domain/lifecycle.py`` moves it)."""
+
+    RUNNING = "running"
+    """Its ranks train (or are starting) in the current generation."""
+    RECOVERING = "recovering"
+    """A generation started after a failure, a roll-back or a resize; not every rank of
+    it has registered yet."""
+    FINISHED = "finished"
+    """Every rank of the current generation ended training normally (``finish``)."""
+    STOPPED = "stopped"
+    """Its launcher was stopped (Ctrl-C, SIGTERM): ``POST .../stop``, reason ``interrupted``."""
+    FAILED = "failed"
+    """Its launcher gave up recovering (``--max-restarts`` used up, or it could not start the
+    workers): ``POST .../stop``, reason ``gave_up``."""
+
+
+class StopReason(StrEnum):
+    """Why a launcher stopped its job (``StopRequest.reason``)."""
+
+    INTERRUPTED = "interrupted"
+    """Ctrl-C or SIGTERM: the job is stopped."""
+    GAVE_UP = "gave_up"
+    """Recovery gave up (restarts used up, the workers could not form their world): failed."""
+
+
 class CheckpointStatus(StrEnum):
     IN_PROGRESS = "in_progress"
     COMMITTED = "committed"
     """Its global manifest is written: a restore point."""
     ABANDONED = "abandoned"
-    """Never to be committed: its generation ended, or a roll-back went past it."""
+    """Not a restore point of the job: never committed (its generation ended), missing on
+    storage, or newer than a roll-back on the timeline the job left (see ``jobs.recover``)."""
 
 
 class CheckpointSource(StrEnum):

@@ -36,6 +36,10 @@ class EventKind(StrEnum):
     detail has the step, how many folders stay, whether retrying can help, and why."""
     RETENTION_OK = "retention_ok"
     """Retention deleted all it should again, after a ``retention_failed``."""
+    FINISHED = "job_finished"
+    """Every rank of the current generation ended training normally."""
+    STOPPED = "job_stopped"
+    """Its launcher stopped it (detail: the reason and the job's new state)."""
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from checkflow_server.domain import lifecycle
 from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.state import Job, Recovery
 
@@ -27,6 +28,7 @@ def new_generation(
     job.recovering_since = now
     job.registered = 0
     job.recovery = recovery or Recovery(started=now, kind=None, detection_s=None, ranks="")
+    job.state = lifecycle.on_new_generation(job.state)
     for ck in job.checkpoints.values():
         if ck.status == CheckpointStatus.IN_PROGRESS:
             ck.status = CheckpointStatus.ABANDONED

@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from checkflow_server.domain import lifecycle
 from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.errors import Conflict, NotFound, StaleGeneration
 from checkflow_server.domain.generation import declare_failed, silent_for
+from checkflow_server.domain.jobs import settle_rollback
 from checkflow_server.domain.progress import detect_hangs, note_progress, note_trained
 from checkflow_server.domain.state import Job
 from checkflow_server.domain.views import rank_public, registration, schedule_fields
@@ -62,6 +64,7 @@ def register(
             return registration(job), changes
         failure = [(rank, silent_for(job, rank, now))]
         declare_failed(job, failure, now, RE_REGISTERED, "registered again while alive", changes)
+    settle_rollback(job, changes)
     t.generation[rank] = job.generation
     t.state[rank] = ALIVE
     t.instance[rank] = body.instance
@@ -76,6 +79,9 @@ def register(
         job.recovering_since = None
         changes.job = True
         changes.event(job, EventKind.RECOVERED, now, None, {"duration_s": duration})
+    state = lifecycle.on_registered(job.recovering_since is not None)
+    if state != job.state:
+        job.state, changes.job = state, True
     return registration(job), changes
 
 
@@ -177,6 +183,11 @@ def finish(job: Job, rank: int, body: FinishRequest, now: float) -> tuple[RankPu
             t.step[rank] = body.step
             job.max_step = max(job.max_step, body.step)
         changes.rank(rank)
+        state = lifecycle.on_finished(job.state, job.finished_ranks(), job.world_size)
+        if state != job.state:
+            job.state, changes.job = state, True
+            detail = {"step": job.max_step}
+            changes.event(job, EventKind.FINISHED, now, None, detail)
     return rank_public(job, rank, now), changes
 
 

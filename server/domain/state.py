@@ -15,6 +15,7 @@ from checkflow.protocol import (
     CheckpointKind,
     CheckpointSource,
     CheckpointStatus,
+    JobState,
     RankState,
     Schedule,
 )
@@ -153,6 +154,12 @@ class Job:
     recovery: Recovery | None = None
     """The failure (or roll-back) the current generation recovers from, until the job
     trained past its restore step again; None when it has."""
+    state: JobState = JobState.RUNNING
+    """Where the job stands in its life (:mod:`.lifecycle`)."""
+    rollback_step: int | None = None
+    """A roll-back of an ended job to this step, pending until the job is launched again:
+    the checkpoints above it stay committed (they are on storage) but are no restore point
+    (see :func:`.jobs.recover`)."""
     ranks: RankTable = field(init=False)
     checkpoints: dict[int, Checkpoint] = field(default_factory=dict)
     ram: dict[int, set[int]] = field(default_factory=dict)
@@ -176,8 +183,14 @@ class Job:
         return max(stored or 0, ram or 0) if stored is not None or ram is not None else None
 
     def stored_step(self) -> int | None:
-        """The newest checkpoint every rank committed on storage, or None."""
-        committed = [c.step for c in self.checkpoints.values() if c.status == COMMITTED]
+        """The newest checkpoint every rank committed on storage (at most a pending
+        :attr:`rollback_step`), or None."""
+        cap = self.rollback_step
+        committed = [
+            c.step
+            for c in self.checkpoints.values()
+            if c.status == COMMITTED and (cap is None or c.step <= cap)
+        ]
         return max(committed) if committed else None
 
     def ram_step(self) -> int | None:
@@ -199,3 +212,12 @@ class Job:
 
     def alive_ranks(self) -> int:
         return sum(1 for r in range(self.world_size) if self.is_alive(r))
+
+    def finished_ranks(self) -> int:
+        """Ranks that ended training normally in the job's current generation."""
+        t, g = self.ranks, self.generation
+        return sum(
+            1
+            for r in range(self.world_size)
+            if t.state[r] == RankState.FINISHED and t.generation[r] == g
+        )

@@ -9,6 +9,7 @@ so the schedule here counts from the newest checkpoint step reported (:func:`rea
 
 from __future__ import annotations
 
+from checkflow_server.domain import lifecycle
 from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.state import Job
 
@@ -52,6 +53,8 @@ def retune(job: Job, now: float) -> Changes:
     of short steps on the warm-up interval for its whole run.
     """
     changes = Changes()
+    if job.state in lifecycle.ENDED:
+        return changes  # it trains no more: its last measurements tune nothing
     old = job.schedule
     if old.mode == IntervalMode.FIXED:
         return changes

@@ -9,6 +9,7 @@ from checkflow_server.domain.state import Checkpoint, Job
 from checkflow.protocol import (
     CheckpointPublic,
     JobPublic,
+    JobState,
     RankPublic,
     Registration,
     RestorePoint,
@@ -45,7 +46,8 @@ def job_public(job: Job) -> JobPublic:
         restore_step=job.restore_step(),
         ranks_alive=job.alive_ranks(),
         failures=job.failures,
-        recovering=job.recovering_since is not None,
+        recovering=job.state == JobState.RECOVERING,
+        state=job.state,
         **schedule_fields(job),
     )
 

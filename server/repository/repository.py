@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 
 from checkflow_server.domain.changes import Changes, EventKind
@@ -70,10 +71,15 @@ class Repository:
     def _rows(self, sql: str, *args: object) -> list[sqlite3.Row]:
         return self.db.conn.execute(sql, args).fetchall()
 
-    def events(self, job: Job, *, after: int = 0, limit: int = 100) -> list[EventPublic]:
-        """The newest ``limit`` events of ``job`` with id > ``after``, oldest first."""
-        sql = "SELECT * FROM events WHERE job_id=? AND id>? ORDER BY id DESC LIMIT ?"
-        found = self._rows(sql, job.id, after, limit)
+    def events(
+        self, job: Job, *, after: int = 0, limit: int = 100, kinds: Iterable[str] = ()
+    ) -> list[EventPublic]:
+        """The newest ``limit`` events of ``job`` with id > ``after`` (of ``kinds`` only,
+        when given), oldest first."""
+        wanted = sorted(set(kinds))
+        of_kinds = f" AND kind IN ({', '.join('?' * len(wanted))})" if wanted else ""
+        sql = f"SELECT * FROM events WHERE job_id=? AND id>?{of_kinds} ORDER BY id DESC LIMIT ?"
+        found = self._rows(sql, job.id, after, *wanted, limit)
         return [rows.event_from_row(row) for row in reversed(found)]
 
     # --- writes -------------------------------------------------------------------------

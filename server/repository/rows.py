@@ -11,6 +11,7 @@ import json
 import sqlite3
 from typing import Any
 
+from checkflow_server.domain import lifecycle
 from checkflow_server.domain.changes import Event, EventKind
 from checkflow_server.domain.state import UNKNOWN, Checkpoint, Job, Part, RankTable, Recovery
 from checkflow_server.domain.views import measured
@@ -32,7 +33,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     created REAL NOT NULL, generation INTEGER NOT NULL, generation_started REAL NOT NULL,
     recovering_since REAL, interval INTEGER NOT NULL, anchor INTEGER NOT NULL,
     max_step INTEGER NOT NULL, failures INTEGER NOT NULL, hang_timeout_s REAL,
-    interval_mode TEXT
+    interval_mode TEXT, state TEXT, rollback_step INTEGER
 );
 CREATE TABLE IF NOT EXISTS ranks (
     job_id INTEGER NOT NULL, rank INTEGER NOT NULL, generation INTEGER NOT NULL,
@@ -63,6 +64,8 @@ ADDED_COLUMNS = (
     ("jobs", "hang_timeout_s", "REAL"),
     ("checkpoints", "kind", "TEXT"),
     ("jobs", "interval_mode", "TEXT"),
+    ("jobs", "state", "TEXT"),
+    ("jobs", "rollback_step", "INTEGER"),
 )
 """Columns added since the first schema: (table, column, type). A database written by an
 older coordinator gets them (``ALTER TABLE ... ADD COLUMN``, NULL in existing rows). Its
@@ -93,6 +96,8 @@ def job_row(job: Job) -> dict[str, Any]:
         "max_step": job.max_step,
         "failures": job.failures,
         "hang_timeout_s": job.hang_timeout_s,
+        "state": job.state,
+        "rollback_step": job.rollback_step,
     }
 
 
@@ -115,6 +120,8 @@ def job_from_row(row: sqlite3.Row) -> Job:
         failures=row["failures"],
         recovering_since=row["recovering_since"],
         hang_timeout_s=row["hang_timeout_s"],
+        state=lifecycle.from_stored(row["state"], row["recovering_since"] is not None),
+        rollback_step=row["rollback_step"],
     )
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from checkflow.cli.output import EXIT_FAILED
+from checkflow.cli.output import EXIT_USAGE
 from tests.support.coordinator import TOKEN, served
 
 CLI = "import sys; from checkflow.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -45,7 +45,7 @@ def test_a_refused_status_says_what_to_do_given_what_was_sent(tmp_path, env, exp
     with served(tmp_path / "coord.db") as server:
         refused = status(server.url, **env)
         accepted = status(server.url, CHECKFLOW_TOKEN=TOKEN)
-    assert refused.returncode == EXIT_FAILED, refused.stderr
+    assert refused.returncode == EXIT_USAGE, refused.stderr
     assert refused.stderr.startswith(expected), refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
     assert accepted.returncode == 0, accepted.stderr

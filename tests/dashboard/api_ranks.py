@@ -12,12 +12,15 @@ from checkflow.protocol import (
     CheckpointPublic,
     CommitReport,
     FailureReport,
+    FinishRequest,
     Heartbeat,
     HeartbeatReply,
     PartReply,
     PartReport,
     RegisterRequest,
     Registration,
+    StopReason,
+    StopRequest,
     paths,
 )
 
@@ -86,6 +89,17 @@ class ApiRanks:
         """A launcher reports that ``rank``'s process exited ``seconds_ago``."""
         body = FailureReport(generation=self.generation, exit_code=-9, seconds_ago=seconds_ago)
         self._send("POST", paths.path(paths.FAILURE, job=self.job, rank=rank), body)
+
+    def finish(self, step: int) -> None:
+        """Every rank ends training normally at ``step`` (what ``Checkpointer.close`` sends)."""
+        for rank in range(self.world):
+            body = FinishRequest(generation=self.generation, step=step)
+            self._send("POST", paths.path(paths.FINISH, job=self.job, rank=rank), body)
+
+    def stop(self, reason: StopReason) -> None:
+        """The launcher stops the job (Ctrl-C: ``interrupted``; out of restarts: ``gave_up``)."""
+        body = StopRequest(generation=self.generation, reason=reason)
+        self._send("POST", paths.path(paths.STOP, job=self.job), body)
 
     def _send(self, method: str, path: str, body: object) -> object:
         assert hasattr(body, "model_dump")

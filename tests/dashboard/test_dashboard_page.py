@@ -10,7 +10,7 @@ from pathlib import Path
 
 from playwright.sync_api import BrowserContext, Page, expect
 
-from checkflow.protocol import JobCreate
+from checkflow.protocol import JobCreate, StopReason
 from tests.dashboard.api_ranks import ApiRanks
 from tests.support.coordinator import TOKEN, ServerProcess
 
@@ -110,6 +110,27 @@ def test_token_in_an_authorization_header_opens_the_page_without_the_form(
     assert response is not None and response.status == 200
     expect(page.locator('#jobs-table tr[data-job="behind-a-proxy"]')).to_be_visible()
     assert [c for c in browser.cookies() if c["name"] == SESSION] == []
+
+
+def test_jobs_that_ended_show_how_they_ended_not_no_live_ranks(
+    server: ServerProcess, browser: BrowserContext
+) -> None:
+    done = _job(server, "ended-well", world=2)
+    done.register()
+    done.heartbeat(30)
+    done.finish(30)
+    stopped = _job(server, "ctrl-c", world=1)
+    stopped.register()
+    stopped.stop(StopReason.INTERRUPTED)
+    browser.set_extra_http_headers({"Authorization": f"Bearer {TOKEN}"})
+    page = browser.pages[0]
+    page.goto(server.url + "/#job=ended-well")
+
+    row = page.locator('#jobs-table tr[data-job="ended-well"]')
+    expect(row.locator(".badge")).to_have_text("finished")
+    expect(page.locator('#jobs-table tr[data-job="ctrl-c"] .badge')).to_have_text("stopped")
+    expect(page.locator("#job-state")).to_have_text("finished")
+    expect(page.locator("#jobs-table")).not_to_contain_text("no live ranks")
 
 
 def _train_fail_and_recover(ranks: ApiRanks) -> tuple[int, int]:

@@ -233,6 +233,7 @@ def test_a_database_of_an_older_coordinator_gets_the_new_column(tmp_path: Path) 
     [job] = repo.load_jobs()
     assert (job.name, job.hang_timeout_s, job.recovery) == ("j", None, None)
     assert (job.schedule.interval, job.schedule.mode) == (10, "warmup")  # auto, as it was
+    assert (job.state, job.rollback_step) == ("running", None)  # NULL in the old row
     job.hang_timeout_s = 7.0
     repo.save(job, Changes(job=True))  # the unused prev_* columns stay NULL
     repo.close()

@@ -142,9 +142,9 @@ def test_status_and_roll_back_commands(
     roll_back = ["restore", "--coordinator", server.url, "--job", "cli", "--step"]
     assert main([*roll_back, "10", "--token", server.token or ""]) == 0
     assert "rolled back to step 10" in capsys.readouterr().out
-    assert main([*roll_back, "15", "--token", server.token or ""]) == 1
+    assert main([*roll_back, "15", "--token", server.token or ""]) == 2
     assert "not found" in capsys.readouterr().err
-    assert main([*roll_back, "10", "--token", "wrong"]) == 1
+    assert main([*roll_back, "10", "--token", "wrong"]) == 2
     assert "token" in capsys.readouterr().err
 
 

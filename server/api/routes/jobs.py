@@ -17,6 +17,7 @@ from checkflow.protocol import (
     JobPublic,
     RecoverRequest,
     RestorePoint,
+    StopRequest,
     paths,
 )
 
@@ -72,11 +73,22 @@ async def recover(job: str, body: RecoverRequest, coordinator: CoordinatorDep) -
     return coordinator.recover(job, body)
 
 
+@router.post(paths.STOP, summary="A launcher stopped the job (Ctrl-C, or it gave up recovering)")
+async def stop(job: str, body: StopRequest, coordinator: CoordinatorDep) -> JobPublic:
+    """Idempotent: a job that has ended already stays as it ended (200)."""
+    return coordinator.stop(job, body)
+
+
 @router.get(paths.EVENTS, summary="Failures, recoveries and interval changes")
 async def events(
     job: str,
     coordinator: CoordinatorDep,
     after: Annotated[int, Query(ge=0, le=MAX_INT, description="Only events with a larger id.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    kind: Annotated[
+        list[str] | None,
+        Query(max_length=16, description="Only events of these kinds (repeatable)."),
+    ] = None,
 ) -> EventList:
-    return coordinator.events(job, after=after, limit=limit)
+    """The newest ``limit`` events (of the kinds asked, before the limit counts)."""
+    return coordinator.events(job, after=after, limit=limit, kinds=kind or ())

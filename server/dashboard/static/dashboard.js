@@ -99,11 +99,12 @@ function ago(seconds) {
 
 // ---- Jobs -------------------------------------------------------------------------------
 
+// The job's lifecycle state from the API (running, recovering, finished, stopped, failed);
+// a running job is "starting" until every rank is alive. An older coordinator sends none.
 function jobState(job) {
-  if (job.recovering) return "recovering";
-  if (job.ranks_alive === 0) return "no live ranks";
-  if (job.ranks_alive < job.world_size) return "starting";
-  return "training";
+  const s = job.state || (job.recovering ? "recovering" : "running");
+  if (s !== "running") return s;
+  return job.ranks_alive < job.world_size ? "starting" : "training";
 }
 
 function renderJobs() {
@@ -201,16 +202,20 @@ function renderRanks(ranks) {
 
 // ---- Failures and recoveries ------------------------------------------------------------
 
-function renderRecoveries(events) {
+const ENDED = ["finished", "stopped", "failed"];
+
+function renderRecoveries(events, job) {
   const trained = new Map(events.filter((e) => e.kind === "trained_again").map((e) => [e.generation, e]));
   const started = events.filter((e) => e.kind === "generation_started").reverse();
   const rows = started.map((e) => {
     const done = trained.get(e.generation);
+    // A job that ended recovers no more: its last recovery shows how it ended instead.
+    const waiting = ENDED.includes(job.state) && e.generation === job.generation ? job.state : "recovering";
     return {
       attrs: { "data-generation": e.generation },
       cells: [e.generation, clock(e.time), e.detail.kind ?? "roll-back or resize",
         e.detail.failed_ranks, secs(e.detail.detection_s), e.detail.restore_step,
-        done ? secs(done.detail.recovery_s) : el("span", { class: "badge recovering" }, "recovering"),
+        done ? secs(done.detail.recovery_s) : el("span", { class: "badge " + waiting }, waiting),
         done ? secs(done.detail.fault_to_training_s) : "–"],
     };
   });
@@ -348,7 +353,7 @@ async function renderJob(job) {
   renderCheckpoints(cks);
   renderRetention(events);
   renderRanks(ranks);
-  renderRecoveries(events);
+  renderRecoveries(events, job);
 }
 
 function selectedFromHash() {
