@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
         line(json.dumps(_as_json(args.uri, cat)))
     elif not cat.folders:
         line(_nothing_here(args.uri, [storage.url(name) for name in roots_below(storage)]))
-        _print_foreign(cat, show_all=args.all)
+        if args.all:  # a folder without steps is no root: its other entries are no news
+            _print_foreign(cat, show_all=True)
     else:
         _print_table(args.uri, cat, show_all=args.all)
         _print_notes(args.uri, cat, show_all=args.all)

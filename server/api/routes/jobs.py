@@ -6,6 +6,7 @@ from typing import Annotated
 
 from checkflow_server.api.deps import CoordinatorDep, PrincipalDep
 from checkflow_server.api.strict_json import StrictJSONRoute
+from checkflow_server.domain.changes import EventKind
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from checkflow.protocol import (
@@ -86,7 +87,8 @@ async def events(
     after: Annotated[int, Query(ge=0, le=MAX_INT, description="Only events with a larger id.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     kind: Annotated[
-        list[str] | None,
+        list[EventKind] | None,
+        # Named kinds only: an unknown or empty one is a 422, not an empty answer.
         Query(max_length=16, description="Only events of these kinds (repeatable)."),
     ] = None,
 ) -> EventList:
