@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from checkflow import knobs, manifest_json, validate
 from checkflow import manifest as mf
+from checkflow import timeline as tl
+from checkflow.lineage import read_lineage
 from checkflow.storage import (
     Failure,
     Storage,
@@ -33,6 +35,14 @@ class Catalog:
     """Entries of the root that are not step folders, by name: why. Never read, counted
     or deleted (``ls --all`` shows them): a look-alike such as ``step-0000000099`` or a
     link to another run's step is not this root's checkpoint."""
+    lineage: tl.Lineage = field(default_factory=tl.Lineage)
+    """The current timeline and its chain (``checkflow.timeline``): ``committed``,
+    ``folders`` and ``damaged`` hold its steps only."""
+    names: dict[int, str] = field(default_factory=dict)
+    """The folder name of each step of ``folders``."""
+    abandoned: dict[str, str] = field(default_factory=dict)
+    """Step folders of other timelines (rolled back), by name: ``committed``, ``partial``
+    or ``damaged``. Never restored; gc deletes all but the damaged ones."""
 
     @property
     def partial(self) -> list[int]:
@@ -41,26 +51,21 @@ class Catalog:
 
 
 def scan(storage: Storage) -> Catalog:
-    cat = Catalog()
-    for name in storage.listdir():
-        step = mf.parse_step_dir(name)
-        if step is None:
-            cat.foreign[name] = "not a step folder name"
-            continue
-        if (why := not_a_folder(storage, name)) is not None:
-            cat.foreign[name] = why
-            continue
+    """What is under the root: the current lineage's steps, the abandoned ones, and the
+    foreign entries (``TIMELINE-*.json`` files are the root's own: ``checkflow.timeline``)."""
+    names = storage.listdir()
+    folders, foreign = _step_folders(storage, names)
+    cat = Catalog(lineage=read_lineage(storage, names), foreign=foreign)
+    on, off = cat.lineage.pick(folders)
+    for step, f in on.items():
         cat.folders.append(step)
-        path = f"{name}/{mf.MANIFEST}"
-        try:
-            cat.committed[step] = read_global(storage, step, folder=name)
-        except FileNotFoundError:
-            continue  # not committed: invisible
-        except (mf.ManifestError, OSError) as e:
-            log.warning("ignoring %s: %s", storage.url(path), e)
-            cat.damaged[step] = str(e)
-    cat.folders.sort()
-    cat.committed = dict(sorted(cat.committed.items()))
+        cat.names[step] = folders[f]
+        state = _commit_state(storage, step, folders[f], cat.committed)
+        if state not in ("committed", "partial"):
+            cat.damaged[step] = state
+    for f in off:
+        state = _commit_state(storage, f.step, folders[f], {})
+        cat.abandoned[folders[f]] = state if state in ("committed", "partial") else "damaged"
     return cat
 
 
@@ -87,6 +92,71 @@ def roots_below(storage: Storage, *, limit: int = 100) -> list[str]:
         if any(mf.parse_step_dir(child) is not None for child in storage.listdir(name)):
             found.append(name)
     return found
+
+
+def _step_folders(
+    storage: Storage, names: list[str]
+) -> tuple[dict[mf.StepFolder, str], dict[str, str]]:
+    """The real step folders among the root entries ``names``, and the foreign entries."""
+    folders: dict[mf.StepFolder, str] = {}
+    foreign: dict[str, str] = {}
+    for name in names:
+        folder = mf.parse_step_dir(name)
+        if folder is None:
+            if tl.parse_timeline_file(name) is None:
+                foreign[name] = "not a step folder name"
+        elif (why := not_a_folder(storage, name)) is not None:
+            foreign[name] = why
+        else:
+            folders[folder] = name
+    return folders, foreign
+
+
+def _commit_state(
+    storage: Storage, step: int, name: str, into: dict[int, mf.GlobalManifest]
+) -> str:
+    """``committed`` (its manifest added to ``into``), ``partial``, or why it is damaged."""
+    path = f"{name}/{mf.MANIFEST}"
+    try:
+        into[step] = read_global(storage, step, folder=name)
+        return "committed"
+    except FileNotFoundError:
+        return "partial"  # not committed: invisible
+    except (mf.ManifestError, OSError) as e:
+        log.warning("ignoring %s: %s", storage.url(path), e)
+        return str(e)
+
+
+def lineage_names(storage: Storage) -> tuple[tl.Lineage, dict[int, str]]:
+    """The current lineage and ``{step: folder name}`` of its step folders, committed or not
+    (one listing and the TIMELINE files; no manifest is read)."""
+    names = storage.listdir()
+    folders, _ = _step_folders(storage, names)
+    lineage = read_lineage(storage, names)
+    on, _ = lineage.pick(folders)
+    return lineage, {s: folders[f] for s, f in on.items()}
+
+
+def marked_after(storage: Storage, step: int | None) -> tuple[tl.Lineage, list[int]]:
+    """The current lineage and its steps after ``step`` (all when None) whose
+    ``MANIFEST.json`` exists, readable or not; no manifest is read."""
+    lineage, names = lineage_names(storage)
+    newer = [s for s, n in names.items() if step is None or s > step]
+    return lineage, [s for s in newer if storage.exists(f"{names[s]}/{mf.MANIFEST}")]
+
+
+class LineageFolders:
+    """``folders(step)``: the folder of ``step`` on the root's current lineage, listed once
+    at the first call (one listing and the TIMELINE files; no manifest is read)."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._names: dict[int, str] | None = None
+
+    def __call__(self, step: int) -> str:
+        if self._names is None:
+            self._names = lineage_names(self.storage)[1]
+        return self._names.get(step) or mf.step_dir(step)
 
 
 def read_manifest_bytes(storage: Storage, path: str) -> bytearray:
@@ -183,11 +253,21 @@ class RetentionPlan:
     uncommitted: list[int]
     """The folders of ``delete`` without a commit marker (abandoned partial writes)."""
     damaged: dict[int, str]
-    """Folders left alone although their commit marker is unreadable: why it is."""
+    """Folders left alone although their commit marker is unreadable: why."""
+    abandoned: list[str] = field(default_factory=list)
+    """Folders of rolled-back timelines to delete (no kept step reads them: the bases of
+    the lineage's steps are on the lineage); damaged ones stay, as above."""
+    held: str = ""
+    """The TIMELINE files that cannot be used, when nothing is deleted because of them."""
 
 
 def plan_retention(cat: Catalog, keep: int) -> RetentionPlan:
-    """The :class:`RetentionPlan` for keeping the ``keep`` newest committed checkpoints."""
+    """The :class:`RetentionPlan` for keeping the ``keep`` newest committed checkpoints.
+    Nothing is deleted while a TIMELINE file is ignored: which steps are the run's is unsure
+    (its own may be behind the damaged file), and a damaged root is evidence, not garbage."""
+    if cat.lineage.ignored:
+        held = ", ".join(tl.timeline_file(k) for k in sorted(cat.lineage.ignored))
+        return RetentionPlan(sorted(cat.committed), [], [], [], dict(cat.damaged), held=held)
     kept, delete = retention_plan(cat.committed, cat.folders, keep, set(cat.damaged))
     newest = set(sorted(cat.committed)[-keep:]) if keep else set(cat.committed)
     return RetentionPlan(
@@ -196,6 +276,9 @@ def plan_retention(cat: Catalog, keep: int) -> RetentionPlan:
         delete=delete,
         uncommitted=[s for s in delete if s not in cat.committed],
         damaged=dict(cat.damaged),
+        abandoned=sorted(name for name, state in cat.abandoned.items() if state != "damaged")
+        if keep
+        else [],
     )
 
 
@@ -229,22 +312,31 @@ class RetentionError(Exception):
         return any(f.permanent for f in self.failures)
 
 
-def delete_steps(storage: Storage, steps: list[int]) -> list[DeleteFailure]:
-    """Delete these step folders; returns the ones not deleted, and why. After the first
-    permanent refusal the rest are not tried: they would be refused the same way."""
+def delete_steps(
+    storage: Storage, steps: list[int], names: dict[int, str] | None = None
+) -> list[DeleteFailure]:
+    """Delete these step folders (named by ``names``, the catalog's; by default the
+    timeline-0 names); returns the ones not deleted, and why."""
+    names = names or {}
+    return delete_folders(storage, [(s, names.get(s) or mf.step_dir(s)) for s in steps])
+
+
+def delete_folders(storage: Storage, folders: list[tuple[int, str]]) -> list[DeleteFailure]:
+    """Delete these ``(step, folder name)``; returns the ones not deleted, and why. After
+    the first permanent refusal the rest are not tried: they would be refused the same way."""
     failed: list[DeleteFailure] = []
-    for i, step in enumerate(steps):
+    for i, (step, name) in enumerate(folders):
         try:
             # The commit marker goes first: a half-deleted checkpoint is then invisible.
-            storage.delete(f"{mf.step_dir(step)}/{mf.MANIFEST}")
-            storage.delete(mf.step_dir(step))
+            storage.delete(f"{name}/{mf.MANIFEST}")
+            storage.delete(name)
         except (OSError, StorageAccessError) as e:
             # A failed deletion must not fail the checkpoint that triggered it; the caller
             # says it once (the Checkpointer's log and stats, gc's error line).
             permanent = _permanent(e)
             failed.append(DeleteFailure(step, str(e), permanent))
             if permanent:
-                failed += [DeleteFailure(s, str(e), True) for s in steps[i + 1 :]]
+                failed += [DeleteFailure(s, str(e), True) for s, _ in folders[i + 1 :]]
                 break
     return failed
 
@@ -256,6 +348,13 @@ def _permanent(error: BaseException) -> bool:
     return not isinstance(error, StorageError) and classify_error(error) is not Failure.TRANSIENT
 
 
+def retention_targets(cat: Catalog, plan: RetentionPlan) -> list[tuple[int, str]]:
+    """``(step, folder name)`` of what ``plan`` deletes: the lineage's steps, then the
+    abandoned folders of rolled-back timelines."""
+    abandoned = [(f.step, n) for n in plan.abandoned if (f := mf.parse_step_dir(n)) is not None]
+    return [(s, cat.names.get(s) or mf.step_dir(s)) for s in plan.delete] + abandoned
+
+
 def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> list[int]:
     """Delete checkpoints beyond the ``keep`` newest committed ones (and abandoned partial
     folders). Returns the deleted steps. Never touches the newest committed checkpoint.
@@ -263,9 +362,10 @@ def apply_retention(storage: Storage, keep: int, *, dry_run: bool = False) -> li
     Raises:
         RetentionError: some folders were not deleted (the others were).
     """
-    plan = plan_retention(scan(storage), keep)
+    cat = scan(storage)
+    plan = plan_retention(cat, keep)
     if not dry_run:
-        failed = delete_steps(storage, plan.delete)
+        failed = delete_folders(storage, retention_targets(cat, plan))
         if failed:
             raise RetentionError(failed)
     return plan.delete

@@ -48,8 +48,7 @@ class Checkpointer:
         uri: a local path or fsspec URL (``file://``, ``memory://``, ``s3://``, ``gs://``…).
         state: name -> object with ``state_dict()``/``load_state_dict()`` (modules,
             optimizers, LR schedulers, stateful data loaders).
-        process_group: the job's process group (default: the default group when
-            ``torch.distributed`` is initialized).
+        process_group: the job's process group (default: ``torch.distributed``'s, if any).
         config: every other option at once, as a ``CheckpointConfig``; or pass them as
             keyword arguments, one by one (not both):
         every: checkpoint every N steps, or ``"auto"``: the smallest interval whose measured
@@ -231,12 +230,13 @@ class Checkpointer:
             UntrustedCheckpointError: an object is a pickle and ``trust`` is False.
         """
         self.open()
+        self._wait_quietly()  # a step in flight would commit past the restored one
         advised = step is None and self._registration is not None
         step = self._registration.restore_step if advised else step
         with self.paused():  # reading may take long: not a hang
             found, self.restored_from = resume.read_tiered(
                 self.storage, self.state, step, self._sync, self._ram, rank=self.rank,
-                trust=trust, advised=advised,
+                trust=trust, advised=advised, persist=self._persist,
             )  # fmt: skip
         if self._client is not None and advised:  # a restore point storage did not confirm
             self._client.report_restored(step, found[0] if found is not None else None)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from checkflow import manifest_json
 
@@ -31,8 +31,11 @@ OBJECTS_TORCH_PICKLE = "torch-pickle"
 """Objects stored by ``torch.save``: what format-1 checkpoints written before the
 ``encoding`` field held. Reading them unpickles, which needs the reader's trust."""
 STEP_PREFIX = "step-"
-_STEP_RE = re.compile(r"step-([0-9]{9,})")
-"""ASCII digits only (``\\d`` takes any Unicode digit), matched whole with ``fullmatch``."""
+TIMELINE_SUFFIX = ".t"
+"""``step-000000002.t1``: step 2 of timeline 1 (a rollback's own folders; timeline 0 has none)."""
+# ASCII digits only (``\d`` also matches other scripts' digits); the width and leading zeros
+# are checked by the round trip through ``step_dir``.
+_STEP_RE = re.compile(r"^step-([0-9]{9,})(?:\.t([0-9]+))?$")
 
 
 class ManifestError(ValueError):
@@ -82,24 +85,36 @@ _GLOBAL_TYPES = {
 }
 
 
-def step_dir(step: int) -> str:
-    """Folder name of a checkpoint: ``step-000001200``."""
-    return f"{STEP_PREFIX}{step:09d}"
+class StepFolder(NamedTuple):
+    """What a step folder's name says: the step and the timeline that wrote it."""
+
+    step: int
+    timeline: int = 0
 
 
-def parse_step_dir(name: str) -> int | None:
-    """The step of a folder name, or None when it is not a checkpoint folder.
+def step_dir(step: int, timeline: int = 0) -> str:
+    """Folder name of a checkpoint: ``step-000001200`` on timeline 0, the one every root
+    starts on; ``step-000001200.t3`` on timeline 3 (``checkflow.timeline``)."""
+    if step < 0 or timeline < 0:
+        raise ValueError(f"no step folder for step {step} of timeline {timeline}")
+    suffix = f"{TIMELINE_SUFFIX}{timeline}" if timeline else ""
+    return f"{STEP_PREFIX}{step:09d}{suffix}"
 
-    Only the names :func:`step_dir` writes parse: ASCII digits at the writer's exact width
-    (``step-0000000099`` does not). Every reader and gc agree on one name per step, so gc
-    can never delete a real step by its canonical name while keeping a look-alike.
+
+def parse_step_dir(name: str) -> StepFolder | None:
+    """The step and timeline of a folder name, or None when it is not a checkpoint folder.
+
+    Only the names ``step_dir`` writes parse: ``step_dir(*parse_step_dir(n)) == n`` for
+    every ``n`` that parses. ``step-0000000099`` (not the writer's width), non-ASCII
+    digits, ``.t0`` or ``.t01`` are not steps: a reader that took them for one would act on
+    a folder that gc then deletes by another name.
     """
-    base = name.rstrip("/").rsplit("/", 1)[-1]
-    m = _STEP_RE.fullmatch(base)
+    name = name.rstrip("/").rsplit("/", 1)[-1]
+    m = _STEP_RE.match(name)
     if m is None:
         return None
-    step = int(m.group(1))
-    return step if step_dir(step) == base else None
+    found = StepFolder(int(m.group(1)), int(m.group(2) or 0))
+    return found if step_dir(*found) == name else None
 
 
 def rank_manifest_name(rank: int) -> str:

@@ -16,11 +16,14 @@ import warnings
 from typing import Any
 
 from checkflow import distributed
-from checkflow.catalog import committed_steps
+from checkflow import timeline as tl
+from checkflow.catalog import committed_steps, marked_after
+from checkflow.lineage import write_timeline
 from checkflow.memory.copies import RamCopies
 from checkflow.memory.tier import RamTier
 from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
 from checkflow.storage import Storage
+from checkflow.write.persist import PersistWorker
 
 
 def candidate_steps(storage: Storage, step: int | None, *, advised: bool = False) -> list[int]:
@@ -141,6 +144,7 @@ def read_tiered(
     rank: int,
     trust: bool,
     advised: bool = False,
+    persist: PersistWorker | None = None,
 ) -> tuple[tuple[int, dict[str, Any]] | None, str]:
     """``read_newest`` over the candidates of both tiers; returns what it read and from which
     tier (``"ram"``, ``"storage"``, or ``""`` when nothing was read).
@@ -148,7 +152,9 @@ def read_tiered(
     When ``step`` was found only in the RAM tier and no RAM copy reads, the committed steps
     of storage are tried as without a RAM tier. Every rank takes the same branches: the
     agreement returns the same result on all of them. ``advised``: ``step`` is the
-    coordinator's restore point (see :func:`candidate_steps`).
+    coordinator's restore point (see :func:`candidate_steps`). ``persist`` writes to the
+    timeline that goes on from what was read (:func:`continue_timeline`), and ``ram``
+    forgets its copies of the steps after it.
     """
     tiers: dict[int, str] = {}
     copies = ram.copies() if ram is not None else None
@@ -164,4 +170,35 @@ def read_tiered(
         # ``step`` may be a RAM-only step (the coordinator's restore point): not an error.
         steps = [s for s in candidate_steps(storage, None) if step is None or s <= step]
         found = read_newest(storage, state, steps, rank=rank, sync=sync, trust=trust, tiers=tiers)
+    restored = found[0] if found is not None else None
+    if ram is not None:  # its copies of later steps are another timeline's from now on
+        ram.forget_after(-1 if restored is None else restored)
+    if persist is not None:
+        persist.continue_after_restore(lambda: continue_timeline(storage, restored, sync)[0])
     return found, tiers.get(found[0], "") if found is not None else ""
+
+
+def continue_timeline(
+    storage: Storage, restored: int | None, sync: distributed.RankSync | None
+) -> tuple[int, int | None]:
+    """The timeline to write to after restoring ``restored`` (None: nothing was), and the
+    step it forked at (None: no rollback, the current timeline goes on).
+
+    A restore older than a committed (or damaged) step of the current lineage is a
+    rollback: rank 0 writes the next ``TIMELINE-<K>.json`` (``checkflow.timeline``) and
+    tells the other ranks K through the job's store, so the steps taken from now on go to
+    folders of their own and no committed folder is ever written again. Every rank calls
+    this at the same point: the first persist after a restore (``PersistWorker``), so that
+    a restore that writes nothing (an evaluation) records no rollback.
+    """
+
+    def decide() -> dict[str, int]:
+        lineage, newer = marked_after(storage, restored)  # no manifest read: RAM restores
+        if not newer:
+            return {"timeline": lineage.current}
+        record = tl.next_timeline(lineage, -1 if restored is None else restored)
+        write_timeline(storage, record)
+        return {"timeline": record.timeline, "forked_at": record.forked_at}
+
+    decided = decide() if sync is None else sync.from_rank0("roll back", decide)
+    return int(decided["timeline"]), decided.get("forked_at")

@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from checkflow_server.service import Coordinator
 
+from checkflow import timeline as tl
 from checkflow.manifest import MANIFEST, parse_step_dir
 
 logger = logging.getLogger(__name__)
@@ -56,17 +58,37 @@ def storage_allowed(uri: str, allow: Sequence[str]) -> bool:
 
 
 def committed_steps(uri: str) -> list[int]:
-    """Steps under ``uri`` whose ``MANIFEST.json`` exists; [] when storage can't be listed."""
+    """Steps of the current lineage under ``uri`` (``checkflow.timeline``: not those of a
+    rolled-back timeline) whose ``MANIFEST.json`` exists; [] when storage can't be listed."""
     import fsspec  # imported here: only needed when a job names its storage
 
     try:
         fs, root = fsspec.core.url_to_fs(uri)
         found = fs.glob(f"{root.rstrip('/')}/step-*/{MANIFEST}")
+        lineage = _lineage(fs, fs.glob(f"{root.rstrip('/')}/{tl.TIMELINE_PREFIX}*.json"))
     except Exception as e:  # any backend error: the coordinator must keep serving
         logger.warning("cannot list checkpoints under %s: %s", uri, e)
         return []
-    steps = (parse_step_dir(p.rsplit("/", 2)[-2]) for p in found)
-    return sorted(s for s in steps if s is not None)
+    folders = (parse_step_dir(p.rsplit("/", 2)[-2]) for p in found)
+    on, _ = lineage.pick(f for f in folders if f is not None)
+    return sorted(on)
+
+
+def _lineage(fs: Any, paths: list[str]) -> tl.Lineage:
+    """The lineage the TIMELINE files at ``paths`` make; one that cannot be used is ignored."""
+    records: dict[int, tl.Timeline] = {}
+    ignored: dict[int, str] = {}
+    for path in paths:
+        k = tl.parse_timeline_file(path)
+        if k is None:
+            continue
+        try:
+            if fs.size(path) > tl.MAX_TIMELINE_BYTES:
+                raise tl.TimelineError("it is over the size cap")
+            records[k] = tl.parse_timeline(fs.cat_file(path), k)
+        except (tl.TimelineError, OSError) as e:
+            ignored[k] = str(e)
+    return tl.resolve(records, ignored)
 
 
 class StorageSync:

@@ -16,6 +16,7 @@ from checkflow.cli.output import (
     EXIT_OK,
     EXIT_USAGE,
     CliError,
+    escape,
     fmt_steps,
     human_bytes,
     line,
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             f"--keep must be at least 1 (got {args.keep}); gc keeps the newest checkpoints, "
             "to delete a whole run remove its folder yourself"
         )
-    from checkflow.catalog import delete_steps, plan_retention, scan
+    from checkflow.catalog import delete_folders, plan_retention, retention_targets, scan
 
     storage = open_root(args)
     cat = scan(storage)
@@ -49,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
             f"there; check the URI or run 'checkflow ls {args.uri}'"
         )
     plan = plan_retention(cat, args.keep)
-    failures = [] if args.dry_run else delete_steps(storage, plan.delete)
+    targets = retention_targets(cat, plan)
+    failures = [] if args.dry_run else delete_folders(storage, targets)
     _print_plan(args.uri, cat, plan, dry_run=args.dry_run, failed=[f.step for f in failures])
+    for name in [] if failures else plan.abandoned:
+        line(f"{'would delete' if args.dry_run else 'deleted'} {name} (a rolled-back timeline's)")
     if failures:
         raise _failed(failures)
     return EXIT_OK
@@ -86,6 +90,11 @@ def _print_plan(
         line(f"{verb} step {s} ({what})")
     needed = f" (bases still needed: {fmt_steps(plan.needed_bases)})" if plan.needed_bases else ""
     line(f"kept {len(plan.keep)} checkpoint(s): {fmt_steps(plan.keep)}{needed}")
+    if plan.held:
+        line(
+            f"deleted nothing: {escape(plan.held)} cannot be used, so which steps are the "
+            f"run's is unsure; run 'checkflow ls {uri}', then repair or remove the file"
+        )
     if plan.damaged:
         line(
             f"left step(s) {fmt_steps(plan.damaged)} alone: their MANIFEST.json cannot be "

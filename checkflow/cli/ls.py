@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from checkflow import manifest as mf
 from checkflow.cli.arguments import Command, add_uri, open_root
-from checkflow.cli.output import EXIT_OK, fmt_steps, fmt_time, human_bytes, line, table
+from checkflow.cli.output import EXIT_OK, escape, fmt_steps, fmt_time, human_bytes, line, table
 
 if TYPE_CHECKING:
     from checkflow.catalog import Catalog
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
 def configure(parser: argparse.ArgumentParser) -> None:
     add_uri(parser)
     parser.add_argument(
-        "--all", action="store_true", help="also list uncommitted step folders and foreign entries"
+        "--all",
+        action="store_true",
+        help="also list uncommitted step folders, rolled-back timelines' and foreign entries",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -29,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     cat = scan(storage)
     if args.json:
         line(json.dumps(_as_json(args.uri, cat)))
-    elif not cat.folders:
+    elif not cat.folders and not cat.abandoned:
         line(_nothing_here(args.uri, [storage.url(name) for name in roots_below(storage)]))
         if args.all:  # a folder without steps is no root: its other entries are no news
             _print_foreign(cat, show_all=True)
@@ -67,21 +70,28 @@ def _as_json(uri: str, cat: Catalog) -> dict[str, object]:
         "uncommitted": cat.partial,
         "damaged": {str(s): why for s, why in cat.damaged.items()},
         "foreign": dict(cat.foreign),
+        "timeline": cat.lineage.current,
+        "abandoned": cat.abandoned,
+        "ignored_timelines": {str(k): why for k, why in cat.lineage.ignored.items()},
     }
 
 
 def _print_table(uri: str, cat: Catalog, *, show_all: bool) -> None:
-    rows = {
-        s: [s, m.kind, fmt_steps(m.base_steps), m.world_size, human_bytes(m.nbytes)]
+    rows: dict[tuple[int, str], list[object]] = {
+        (s, ""): [s, m.kind, fmt_steps(m.base_steps), m.world_size, human_bytes(m.nbytes)]
         + [fmt_time(m.created)]
         for s, m in cat.committed.items()
     }
     if show_all:
-        rows.update({s: [s, "partial", "-", "-", "-", "-"] for s in cat.partial})
-        rows.update({s: [s, "damaged", "-", "-", "-", "-"] for s in cat.damaged})
+        rows.update({(s, ""): [s, "partial", "-", "-", "-", "-"] for s in cat.partial})
+        rows.update({(s, ""): [s, "damaged", "-", "-", "-", "-"] for s in cat.damaged})
+        for name in cat.abandoned:
+            folder = mf.parse_step_dir(name)
+            assert folder is not None  # the catalog lists only step folders there
+            rows[(folder.step, name)] = [folder.step, "abandoned", "-", "-", "-", "-"]
     if rows:
         headers = ["STEP", "KIND", "BASE", "WORLD", "SIZE", "CREATED"]
-        table(headers, [rows[s] for s in sorted(rows)], right={0, 3, 4})
+        table(headers, [rows[k] for k in sorted(rows)], right={0, 3, 4})
     else:
         line(f"no committed checkpoint in {uri}")
 
@@ -95,6 +105,16 @@ def _print_notes(uri: str, cat: Catalog, *, show_all: bool) -> None:
             f"(in flight, or abandoned: gc removes those older than the newest commit): "
             f"{', '.join(str(s) for s in cat.partial)}{hint}"
         )
+    if cat.abandoned:
+        line()
+        line(
+            f"note: {len(cat.abandoned)} step folder(s) of rolled-back timelines (never "
+            f"restored; gc deletes them but damaged ones): "
+            f"{', '.join(f'{n} ({state})' for n, state in cat.abandoned.items())}{hint}"
+        )
+    for k, why in sorted(cat.lineage.ignored.items()):
+        line()
+        line(f"note: timeline {k} is ignored: {escape(why)}")
     if cat.damaged:
         line()
         line(

@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from checkflow.catalog import delete_steps, lineage_names
 from checkflow.codec import CodecRules
 from checkflow.memory.area import REPLICA, TIER, mark_jit, ram_dir_setting, rank_root
 from checkflow.memory.copies import RamCopies
@@ -121,6 +122,12 @@ class RamTier:
         return RamCopies(
             self.ram_dir, rank=self.rank, world_size=self.world_size, replicas=self.replica
         )
+
+    def forget_after(self, step: int) -> None:
+        """Delete this rank's copies of the steps after ``step``: after a rollback to it they
+        are the abandoned timeline's, and a restart must not take them for the newest."""
+        names = lineage_names(self.storage)[1]  # no manifest read: a restore reads RAM fast
+        delete_steps(self.storage, [s for s in names if s > step], names)
 
     def close(self) -> None:
         """Finish the RAM writes queued (each hands its snapshot on), then stop."""

@@ -76,6 +76,30 @@ class RankSync:
         """Rank 0's interval as of the last agreement (``every="auto"``)."""
         self._known: dict[str, dict[str, int]] = {}
         self._plans: dict[tuple[Any, ...], dict[str, int]] = {}
+        self._decisions = 0
+
+    def from_rank0(self, what: str, decide: Callable[[], Any]) -> Any:
+        """Rank 0's ``decide()`` (a JSON value), returned on every rank, which all call this
+        at the same point: one rank decides what all must agree on (a rollback's timeline).
+
+        Raises:
+            RuntimeError: on the other ranks when ``decide`` raised on rank 0 (which
+                re-raises its own error), so that no rank waits for a value never sent.
+        """
+        self._decisions += 1
+        key = f"rank0/{self._decisions}/{what}"
+        if self.rank != 0:
+            reply = json.loads(self.store.get(key))
+            if "error" in reply:
+                raise RuntimeError(f"rank 0 could not {what}: {reply['error']}")
+            return reply["value"]
+        try:
+            value = decide()
+        except Exception as e:
+            self.store.set(key, json.dumps({"error": f"{type(e).__name__}: {e}"}))
+            raise
+        self.store.set(key, json.dumps({"value": value}))
+        return value
 
     def agree(self, *, busy: bool, interval: int | None, local: LocalState) -> Agreement:
         """Publish this rank's record for the next checkpoint and read every rank's."""

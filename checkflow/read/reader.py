@@ -1,8 +1,7 @@
 """Reading one checkpoint root: manifests, checksummed bytes, delta chains, objects.
 
-A step is readable only once its ``MANIFEST.json`` exists. Every chunk read is checked
-against its checksum before it is decoded; a mismatch raises ``CorruptCheckpointError``
-naming the step, rank, tensor and file.
+A step is readable only once its ``MANIFEST.json`` exists. Each chunk read is checked against
+its checksum before it is decoded: ``CorruptCheckpointError`` names step, rank, tensor, file.
 
 Reading never runs code from the checkpoint unless the caller passes ``trust=True``: the
 objects are a JSON tree (``checkflow.objects``), and the two things that are pickles (an
@@ -25,7 +24,7 @@ import xxhash
 
 from checkflow import knobs, objects, validate
 from checkflow import manifest as mf
-from checkflow.catalog import read_global, read_manifest_bytes
+from checkflow.catalog import LineageFolders, read_global, read_manifest_bytes
 from checkflow.codec import get_codec
 from checkflow.codec.base import CodecError, dtype_from_name
 from checkflow.read.assemble import assemble
@@ -81,6 +80,7 @@ class CheckpointReader:
         self._boxes: dict[tuple[int, int], dict[tuple[str, tuple[int, ...]], mf.ChunkEntry]] = {}
         self._laid_out: set[int] = set()
         """Steps whose chunks passed ``validate.check_layout``."""
+        self.folder = LineageFolders(storage)  # a step's (and a base's) folder: its timeline's
         # Chunks decode on several threads; each follows its delta chain through the caches.
         self._lock = threading.Lock()
 
@@ -89,7 +89,7 @@ class CheckpointReader:
         """The validated commit of ``step`` (``catalog.read_global``)."""
         if step not in self._globals:
             try:
-                self._globals[step] = read_global(self.storage, step)
+                self._globals[step] = read_global(self.storage, step, folder=self.folder(step))
             except FileNotFoundError:
                 raise NoCheckpointError(
                     f"no committed checkpoint at step {step} in {self.storage.uri}"
@@ -102,7 +102,7 @@ class CheckpointReader:
             world = self.manifest(step).world_size
             if not 0 <= rank < world:
                 raise KeyError(f"step {step} was saved by {world} ranks; there is no rank {rank}")
-            path = f"{mf.step_dir(step)}/{mf.rank_manifest_name(rank)}"
+            path = f"{self.folder(step)}/{mf.rank_manifest_name(rank)}"
             try:
                 data = read_manifest_bytes(self.storage, path)
             except FileNotFoundError:
@@ -131,7 +131,7 @@ class CheckpointReader:
     def _read_checked(
         self, step: int, rank: int, fqn: str, file: str, offset: int, nbytes: int, digest: str
     ) -> Buffer:
-        path = f"{mf.step_dir(step)}/{file}"
+        path = f"{self.folder(step)}/{file}"
         try:
             data = self.storage.read(path, offset, offset + nbytes, buffers=self.buffers)
         except FileNotFoundError:

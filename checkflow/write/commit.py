@@ -64,14 +64,15 @@ class RankResult:
 
 
 def write_commit(
-    storage: Storage, step: int, world_size: int, *, meta: dict[str, Any]
+    storage: Storage, step: int, world_size: int, *, meta: dict[str, Any], folder: str | None = None
 ) -> mf.GlobalManifest:
-    """Write ``MANIFEST.json`` for ``step`` once every rank manifest is stored.
+    """Write ``MANIFEST.json`` for ``step`` (in ``folder``, by default its timeline-0 one)
+    once every rank manifest is stored.
 
     Raises:
         RuntimeError: a rank manifest is missing (the step must stay uncommitted).
     """
-    folder = mf.step_dir(step)
+    folder = folder or mf.step_dir(step)
     names = [mf.rank_manifest_name(r) for r in range(world_size)]
     ranks = [
         mf.RankManifest.from_json(storage.read(f"{folder}/{n}"), where=storage.url(f"{folder}/{n}"))

@@ -32,6 +32,7 @@ from checkflow import manifest as mf
 from checkflow.catalog import RetentionError, apply_retention
 from checkflow.codec import CodecRules, get_codec
 from checkflow.codec.base import dtype_name
+from checkflow.lineage import current_lineage
 from checkflow.storage import Storage, StorageAccessError
 from checkflow.write.commit import CommitProtocol, RankResult, write_commit
 from checkflow.write.datafiles import DataFileWriter, checksum, chunk_boxes
@@ -53,6 +54,9 @@ class PersistJob:
     skip: frozenset[str] = frozenset()
     """Tensors of the snapshot not to write here (the RAM tier holds them; another rank
     writes them to storage)."""
+    timeline: int | None = None
+    """The timeline whose folder the step goes to (``checkflow.timeline``); None: the
+    storage's current one."""
 
 
 class PersistWorker:
@@ -107,8 +111,13 @@ class PersistWorker:
         self.allow_pickle = allow_pickle
         self.stats = stats if stats is not None else CheckpointStats()
         self._queue: queue.Queue[PersistJob | None] = queue.Queue()
+        self._decide_timeline: Callable[[], int] | None = None
+        self._storage_timeline: int | None = None
+        """The timeline the steps go to; decided at the first persist (no restore, no step
+        written: no storage listed for it, no rollback recorded)."""
         self._refs: dict[tuple[str, int], Any] = {}
         self._ref_step: int | None = None
+        self._ref_timeline = 0
         self._deltas_since_full = 0
         self._full_bytes = 0
         self._chain_bytes = 0
@@ -137,6 +146,12 @@ class PersistWorker:
         future: Future[int] = Future()
         self._queue.put(PersistJob(snapshot, future, full, shards, skip))
         return future
+
+    def continue_after_restore(self, decide: Callable[[], int]) -> None:
+        """The steps submitted from now on go to the timeline ``decide()`` returns, called on
+        this thread at the next persist (``checkflow.resume.continue_timeline``: a rollback
+        forks one). Called on the training thread with no persist in flight."""
+        self._decide_timeline, self._storage_timeline = decide, None
 
     def settle(self) -> None:
         """Wait for the retention of every commit whose future has resolved (the
@@ -217,7 +232,20 @@ class PersistWorker:
         self._ref_step = None
         self._deltas_since_full = 0
 
+    def _timeline(self, job: PersistJob) -> int:
+        if job.timeline is not None:
+            return job.timeline
+        if self._storage_timeline is None:  # once: no rollback happens without a restore
+            decide, self._decide_timeline = self._decide_timeline, None
+            self._storage_timeline = decide() if decide else current_lineage(self.storage).current
+        return self._storage_timeline
+
     def _want_full(self, job: PersistJob) -> bool:
+        if (timeline := self._timeline(job)) != self._ref_timeline:
+            # A rollback: the reference may be a step of the abandoned timeline, which no
+            # reader of the new one would find (or would find another step in its place).
+            self._reset_chain()
+            self._ref_timeline = timeline
         if job.full or self._ref_step is None or not self._refs:
             return True
         if self._deltas_since_full >= self.full_every:
@@ -242,10 +270,12 @@ class PersistWorker:
         """Store this rank's part of ``job``; True when this rank wrote the commit."""
         snap = job.snapshot
         t0 = time.perf_counter()
+        job.timeline = self._timeline(job)
         full = self._want_full(job)
         # Encoded first: state that cannot be stored fails the checkpoint before any write.
         stored = objects.encode(snap.skeleton, allow_pickle=self.allow_pickle)
-        folder = mf.step_dir(snap.step)
+        folder = mf.step_dir(snap.step, job.timeline)
+        self._refuse_committed(snap.step, folder)
         writer = DataFileWriter(self.storage, folder, self.rank)
         new_refs: dict[tuple[str, int], Any] = {}
         chunks: list[mf.ChunkEntry] = []
@@ -278,9 +308,8 @@ class PersistWorker:
             time.sleep(delay)  # fault injection for tests: a window to kill us mid-persist
         if self.commit.rank_persisted(snap.step, result):
             result.committed = True
-            write_commit(
-                self.storage, snap.step, self.world_size, meta=self.meta() if self.meta else {}
-            )
+            meta = self.meta() if self.meta else {}
+            write_commit(self.storage, snap.step, self.world_size, meta=meta, folder=folder)
         duration = time.perf_counter() - t0
         self.stats.committed += 1
         self.stats.last_error = ""
@@ -294,6 +323,15 @@ class PersistWorker:
         if self.on_persisted is not None:
             self.on_persisted(result)
         return result.committed
+
+    def _refuse_committed(self, step: int, folder: str) -> None:
+        """A committed step folder is never written again (issue 30): a kill half-way would
+        leave a step mixing two states that passes every checksum."""
+        if self.storage.exists(f"{folder}/{mf.MANIFEST}"):
+            raise FileExistsError(
+                f"step {step} is committed in {self.storage.url(folder)} already; a "
+                "committed step is never written again (restore() to go on from it)"
+            )
 
     def _encode_tensor(
         self,

@@ -91,12 +91,13 @@ def train(cfg: dict[str, Any], rank: int, world: int) -> None:
     steps_taken = []
     state = {"model": unwrap(model), "optim": opt}
     with Checkpointer(cfg["uri"], state, every=every, keep=0) as ckpt:
-        start = ckpt.restore()
+        start = ckpt.restore(cfg.get("restore_step"))
         print(json.dumps({"restored": start}), flush=True)
         for step in range(start, cfg["steps"]):
             if cfg.get("slow_rank") == rank:
                 time.sleep(0.02)  # this rank's own timing would pick another interval
-            x, y = batch(step, rank)
+            # data_shift: other batches from the same step on (a rollback's new timeline).
+            x, y = batch(step + cfg.get("data_shift", 0), rank)
             loss = (model(x) - y).pow(2).mean()
             loss.backward()
             opt.step()

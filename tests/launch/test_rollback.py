@@ -5,13 +5,16 @@ uninterrupted run."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
+from checkflow.catalog import scan
 from checkflow.protocol import CheckpointList, CheckpointStatus, paths
+from checkflow.storage import Storage
 from tests.launch._nodes import (
     create_job,
     events,
@@ -90,3 +93,10 @@ def test_restore_with_coordinator_rolls_a_running_job_back_and_it_ends_bitwise_e
     states = dict(lines(events(tmp_path), "state"))
     assert states == reference, "parameters and optimizer state equal an uninterrupted run's"
     assert "restarting them without using one of --max-restarts" in node.output()
+    # The steps taken again after the roll-back went to timeline 1's own folders (issue 30).
+    root = tmp_path / "ckpt"
+    record = json.loads((root / "TIMELINE-1.json").read_bytes())
+    assert record == {"timeline": 1, "parent": 0, "forked_at": ROLL_BACK_TO}
+    names = scan(Storage(str(root))).names
+    assert max(names) == STEPS and names[STEPS].endswith(".t1")
+    assert all(name.endswith(".t1") for step, name in names.items() if step > ROLL_BACK_TO)
