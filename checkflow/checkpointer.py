@@ -26,7 +26,7 @@ from checkflow.policy import FrequencyTuner
 from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
 from checkflow.storage.probe import check_writable
-from checkflow.write.backpressure import acquire_buffer_set, count_skip, wait_for_all
+from checkflow.write.backpressure import acquire_buffer_set, count_skip, done_future, wait_for_all
 from checkflow.write.buffers import HostBufferPool
 from checkflow.write.commit import RankResult, commit_protocol
 from checkflow.write.measure import CostMeter
@@ -231,15 +231,16 @@ class Checkpointer:
         """
         self.open()
         self._wait_quietly()  # a step in flight would commit past the restored one
+        point = self._registration.restore_step if self._registration is not None else None
         advised = step is None and self._registration is not None
-        step = self._registration.restore_step if advised else step
+        step = point if advised else step
         with self.paused():  # reading may take long: not a hang
             found, self.restored_from = resume.read_tiered(
                 self.storage, self.state, step, self._sync, self._ram, rank=self.rank,
                 trust=trust, advised=advised, persist=self._persist,
             )  # fmt: skip
-        if self._client is not None and advised:  # a restore point storage did not confirm
-            self._client.report_restored(step, found[0] if found is not None else None)
+        if self._client is not None:  # below its restore point: it abandons the steps above
+            self._client.report_restored(point, found[0] if found is not None else None)
         if found is None:
             return 0
         meta = found[1].pop(META_KEY, {})
@@ -248,6 +249,7 @@ class Checkpointer:
         if self.codecs.lossless:
             warn_if_different(meta.get("environment", {}), step=self._step, uri=self.storage.uri)
         self._last_checkpoint_step, self._last_step_end = self._step, None
+        self._last_future = done_future(found[0]) if self.restored_from == "storage" else None
         self._jit.mark(self._step)
         log.info("restored step %d from %s (%s)", self._step, self.storage.uri, self.restored_from)
         return self._step

@@ -262,10 +262,10 @@ class CoordinatorClient:
             logger.warning("could not report commit of step %d: %s", step, e)
 
     def report_restored(self, asked: int | None, step: int | None) -> None:
-        """This rank restored ``step`` (None: nothing) when it asked for ``asked``; if that was
-        the coordinator's restore point and storage did not hold it, tell the coordinator,
-        which corrects its restore point to what storage holds. Never raises."""
-        if self._generation is None or asked != self._advised or step == asked:
+        """This rank restored ``step`` (None: nothing) below ``asked``, the coordinator's restore
+        point (not on storage, or restore(step=N)): it abandons the steps above; never raises."""
+        below = asked is not None and (step is None or step < asked)
+        if self._generation is None or asked != self._advised or not below:
             return
         body = RestoredReport(generation=self._generation, advised=asked, step=step)
         path = paths.path(paths.RESTORED, job=self.job, rank=self.rank)

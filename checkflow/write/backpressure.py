@@ -84,3 +84,11 @@ def wait_for_all(futures: Iterable[Future[int]]) -> None:
             errors.append(e)
     if errors:
         raise errors[0]
+
+
+def done_future(step: int) -> Future[int]:
+    """The future of a checkpoint that is committed already (the step just restored from
+    storage): ``save()`` there returns it rather than write a committed step again."""
+    future: Future[int] = Future()
+    future.set_result(step)
+    return future

@@ -64,9 +64,7 @@ def report_part(
     ck = job.checkpoints.get(step)
     if ck is not None and ck.status == COMMITTED:
         return _part_reply(job, ck, must_commit=False), changes
-    # An abandoned attempt at this step from an older generation does not count: the
-    # restarted group takes the step again from scratch.
-    retry = ck is not None and ck.status == ABANDONED and ck.generation < body.generation
+    retry = ck is not None and retakes(ck, body.generation, body.manifest_path)
     if ck is not None and ck.status == ABANDONED and not retry:
         raise Conflict(f"checkpoint {step} was abandoned (the job moved on)")
     if ck is None or retry:
@@ -86,6 +84,20 @@ def report_part(
     changes.parts.append((step, part))
     changes.job |= reached(job, step)
     return _part_reply(job, ck, must_commit=ck.committer == rank), changes
+
+
+def retakes(ck: Checkpoint, generation: int, manifest_path: str) -> bool:
+    """Whether a part of generation ``generation`` written at ``manifest_path`` starts the
+    abandoned checkpoint ``ck``'s step again from scratch: one of a newer generation (the
+    restarted group), or one of this generation in another folder than the abandoned
+    attempt's parts (a roll-back by ``restore(step=N)`` re-takes the step on a timeline of
+    its own, ``step-….tK``). A late part of the abandoned attempt itself is neither."""
+    if ck.status != ABANDONED:
+        return False
+    if ck.generation < generation:
+        return True
+    old = {part.manifest_path for part in ck.parts.values()}
+    return bool(old) and manifest_path not in old
 
 
 def combined_kind(

@@ -372,3 +372,20 @@ def test_every_auto_measures_a_persist_slower_than_its_warm_up_interval(tmp_path
         assert profile.persist_s >= 0.3
         interval_s = ck.stats.interval * profile.iteration_s
         assert interval_s >= PERSIST_HEADROOM * profile.persist_s - profile.iteration_s
+
+
+def test_save_right_after_restore_is_the_restored_checkpoint_and_writes_nothing(tmp_path):
+    """A requested checkpoint is a promise, and a committed folder is never written again:
+    at the step just restored from storage, ``save()`` is that commit."""
+    root = tmp_path / "ckpt"
+    model = torch.nn.Linear(4, 4)
+    with Checkpointer(str(root), {"model": model}, every=1, keep=0) as ck:
+        for _ in range(3):
+            ck.step()
+        ck.wait()
+    before = {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+    for step in (3, 2):
+        with Checkpointer(str(root), {"model": torch.nn.Linear(4, 4)}, every=1, keep=0) as ck:
+            assert ck.restore(step=step) == step
+            assert ck.save().result(timeout=60) == step
+    assert {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")} == before
