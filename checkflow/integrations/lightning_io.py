@@ -20,6 +20,7 @@ from typing import Any
 
 from lightning.fabric.plugins import CheckpointIO
 
+from checkflow.catalog import delete_folders, scan
 from checkflow.codec import CodecRules
 from checkflow.restore import load
 from checkflow.state import flatten
@@ -85,9 +86,11 @@ class CheckflowCheckpointIO(CheckpointIO):
         options = storage_options if storage_options is not None else self.storage_options
         flat = flatten({STATE_NAME: _Checkpoint(checkpoint)}, allow_pickle=self.allow_pickle)
         flat.skeleton["__checkflow__"] = {"step": step}
+        storage = Storage(os.fspath(path), storage_options=options)
+        _clear(storage)
         snapshotter = Snapshotter(buffer_sets=1)
         worker = PersistWorker(
-            Storage(os.fspath(path), storage_options=options),
+            storage,
             codecs=self.codecs,
             commit=SingleProcessCommit(),
             keep=1,
@@ -130,3 +133,18 @@ def _split(path: str) -> tuple[str, str]:
     if not name:
         raise ValueError(f"cannot tell the parent folder of checkpoint path {path!r}")
     return head or ".", name
+
+
+def _clear(storage: Storage) -> None:
+    """Delete every checkpoint under ``path`` before a save there. Lightning saves to one
+    path again (``last.ckpt``, a resumed run's ``step=N.ckpt``) and expects the save to
+    replace what is there, as its own ``torch.save`` does; a committed folder is never
+    rewritten in place (a crash half-way would mix two saves), and ``keep=1`` would keep an
+    older save of a higher step over the new one. Markers go first: a half-deleted old save
+    is invisible, never read."""
+    cat = scan(storage)
+    folders = [(s, cat.names.get(s, "")) for s in cat.folders]
+    folders += [(-1, name) for name in cat.abandoned]
+    failed = delete_folders(storage, [(s, name) for s, name in folders if name])
+    if failed:
+        raise OSError(f"cannot replace the checkpoint at {storage.uri}: {failed[0].reason}")
