@@ -77,6 +77,7 @@ class RankSync:
         self._known: dict[str, dict[str, int]] = {}
         self._plans: dict[tuple[Any, ...], dict[str, int]] = {}
         self._decisions = 0
+        self._decided: str | None = None
 
     def from_rank0(self, what: str, decide: Callable[[], Any]) -> Any:
         """Rank 0's ``decide()`` (a JSON value), returned on every rank, which all call this
@@ -88,6 +89,12 @@ class RankSync:
         """
         self._decisions += 1
         key = f"rank0/{self._decisions}/{what}"
+        if self.rank == 0 and self._decided is not None:
+            # Each decision follows a restore, which the ranks make together (they agree on
+            # its step): every rank has read the previous one. Only the newest stays, so the
+            # store holds a bounded number of keys.
+            self.store.delete_key(self._decided)
+        self._decided = key if self.rank == 0 else None
         if self.rank != 0:
             reply = json.loads(self.store.get(key))
             if "error" in reply:

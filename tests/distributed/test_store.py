@@ -33,8 +33,9 @@ def test_store_keys_stay_bounded_however_many_checkpoints_a_job_commits(tmp_path
     assert not [k for k in long if "/persisted/" in k], long
     assert len(long) == len(short), (short, long)
     checkflow_keys = [k for k in long if "/checkflow/" in k]
-    # generation, one holdings record, and the two newest agreement rounds of each rank.
-    assert len(checkflow_keys) == 1 + 1 + 2 * 2, checkflow_keys
+    # generation, one holdings record, the two newest agreement rounds of each rank, and
+    # rank 0's newest decision (whether the first persist after a restore rolls back).
+    assert len(checkflow_keys) == 1 + 1 + 2 * 2 + 1, checkflow_keys
 
 
 def test_a_restore_leaves_no_agreement_keys_in_the_store(tmp_path):
