@@ -210,6 +210,9 @@ def test_coordinator_sigkilled_mid_run_training_goes_on_and_it_comes_back_with_i
     name = "coordinator-killed"
     down, back = tmp_path / "coordinator-down", tmp_path / "coordinator-back"
     gates = ("--gate", f"12:{down}", "--gate", f"27:{back}")
+    # The ranks wait at a gate while the coordinator restarts and learns the commits: on a
+    # loaded machine that takes longer than the 60 s hang timeout, and no hang is tested here.
+    gates += ("--hang-timeout", "600")
     job = start(tmp_path, coordinator, name, *gates)
     job.wait_for(lambda e: {(0, 0, 12), (1, 0, 12)} <= e.gates, WAIT_S, "both ranks at 12")
     wait_until(lambda: coordinator.job(name).restore_step == 10, WAIT_S, "step 10 committed")
@@ -224,6 +227,9 @@ def test_coordinator_sigkilled_mid_run_training_goes_on_and_it_comes_back_with_i
     wait_until(lambda: {15, 20, 25} <= set(committed_steps(storage)), WAIT_S, "commits")
     report([recovery(events, "coordinator SIGKILLed", killed, 0)])
 
+    # Its operator lets it list the job's (local) storage: how it learns the commits made
+    # while it was down (by default it reads no storage, `--storage-allow`).
+    coordinator.options += ("--storage-allow", "file")
     coordinator.start()  # on the same port and database
     after = coordinator.job(name)
     assert (after.name, after.generation, after.failures) == (name, before.generation, 0)

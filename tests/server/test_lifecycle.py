@@ -218,5 +218,8 @@ def test_the_api_shows_the_state_takes_a_stop_and_filters_events_by_kind(client)
     assert client.get("/v1/jobs/j").json()["state"] == "failed"
     newest = client.get("/v1/jobs/j/events", params={"limit": 1}).json()["events"]
     assert [e["kind"] for e in newest] == ["job_stopped"]
-    created = client.get("/v1/jobs/j/events", params={"kind": ["job_created", "nothing"]})
-    assert [e["kind"] for e in created.json()["events"]] == ["job_created"]
+    created = client.get("/v1/jobs/j/events", params={"kind": ["job_created", "job_stopped"]})
+    assert [e["kind"] for e in created.json()["events"]] == ["job_created", "job_stopped"]
+    for bad in ("nothing", ""):  # only named kinds: anything else is refused, not ignored
+        r = client.get("/v1/jobs/j/events", params={"kind": bad})
+        assert r.status_code == 422, r.text
