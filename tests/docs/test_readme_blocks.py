@@ -126,7 +126,12 @@ def help_text(command: str) -> str:
     return out.getvalue()
 
 
-SHELL = [p for p in marked("synopsis", "run", "skip") if p.values[0].lang in SHELL_LANGS]
+SHELL = [
+    p
+    for p in marked("synopsis", "run", "skip")
+    if p.values[0].lang in SHELL_LANGS and doc_blocks.commands(p.values[0].text)
+]
+"""The shell blocks that name a ``checkflow`` command (run or not)."""
 
 
 @pytest.mark.parametrize("block", SHELL)
