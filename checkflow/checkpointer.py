@@ -316,9 +316,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         skip = self.config.when_busy == "skip" and not force
         pool = None if skip else self._acquire()
-        # With several ranks, prepare_snapshot tells every rank whether one has no free
-        # buffer set (only possible with when_busy="skip"): they skip together, or one
-        # rank's part would be missing and the step never commit.
+        # With several ranks, prepare_snapshot tells every rank whether one has no free buffer
+        # set (only with when_busy="skip"): they skip together, or a part would be missing.
         busy = skip and not self._snapshotter.buffers.has_free()
         if busy and self._sync is None:
             count_skip(self.stats, self._step, "the previous persists are still running")
@@ -356,6 +355,7 @@ class Checkpointer:
         assert self._persist is not None and self._snapshotter is not None
         protected = protected_pointers(self._optimizers)
         protected |= distributed.local_pointers(self._optimizers)
+        self._persist.decide_timeline() if plan.storage else None  # here, as every agreement
         snap = self._snapshotter.take(self._step, flat, protected, pool)
         self._current = snap
         future = plan.submit(snap, self._persist)

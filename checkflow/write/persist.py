@@ -112,9 +112,7 @@ class PersistWorker:
         self.stats = stats if stats is not None else CheckpointStats()
         self._queue: queue.Queue[PersistJob | None] = queue.Queue()
         self._decide_timeline: Callable[[], int] | None = None
-        self._storage_timeline: int | None = None
-        """The timeline the steps go to; decided at the first persist (no restore, no step
-        written: no storage listed for it, no rollback recorded)."""
+        self._storage_timeline: int | None = None  # where steps go; known at the first persist
         self._refs: dict[tuple[str, int], Any] = {}
         self._ref_step: int | None = None
         self._ref_timeline = 0
@@ -148,10 +146,16 @@ class PersistWorker:
         return future
 
     def continue_after_restore(self, decide: Callable[[], int]) -> None:
-        """The steps submitted from now on go to the timeline ``decide()`` returns, called on
-        this thread at the next persist (``checkflow.resume.continue_timeline``: a rollback
-        forks one). Called on the training thread with no persist in flight."""
+        """The steps submitted from now on go to the timeline ``decide()`` returns at the next
+        :meth:`decide_timeline` (``resume.continue_timeline``: a rollback forks one)."""
         self._decide_timeline, self._storage_timeline = decide, None
+
+    def decide_timeline(self) -> None:
+        """The pending decision, made now on the training thread, as the job's other store
+        agreements are (on the persist thread its blocking read deadlocked with them)."""
+        if self._decide_timeline is not None:
+            decide, self._decide_timeline = self._decide_timeline, None
+            self._storage_timeline = decide()
 
     def settle(self) -> None:
         """Wait for the retention of every commit whose future has resolved (the

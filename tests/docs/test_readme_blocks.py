@@ -187,6 +187,13 @@ def test_a_layout_names_only_what_a_real_checkpoint_holds(block: Block, tmp_path
     model = torch.nn.Linear(4, 4)
     with Checkpointer(str(tmp_path / "run"), state={"model": model}, every=1) as ckpt:
         assert ckpt.save().result() == 0
+        ckpt.step()
+        ckpt.wait()
+    # A roll-back to step 0 and one step on: the timeline's file and folder exist too.
+    with Checkpointer(str(tmp_path / "run"), state={"model": model}, every=1) as ckpt:
+        assert ckpt.restore(step=0) == 0
+        ckpt.step()
+        ckpt.wait()
     real = {doc_blocks.layout_names(p.name)[0] for p in (tmp_path / "run").rglob("*")}
     shown = set(doc_blocks.layout_names(block.text))
     assert shown - real == set(), f"{block.where}: a real checkpoint holds {sorted(real)}"
