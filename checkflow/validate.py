@@ -202,7 +202,7 @@ def _check_tensor(
                 f"a {c.dtype} chunk of global_shape {c.global_shape}, where rank {rank0} "
                 f"stored {first.dtype} of {first.global_shape}",
             )
-    boxes = [(r, c) for r, c in chunks if math.prod(c.shape) > 0]
+    boxes = _without_replicas([(r, c) for r, c in chunks if math.prod(c.shape) > 0])
     visited = _disjoint(step, fqn, boxes, budget) if len(boxes) > 1 else len(boxes)
     total = math.prod(first.global_shape)
     covered = sum(math.prod(c.shape) for _, c in boxes)
@@ -211,6 +211,21 @@ def _check_tensor(
             step, rank0, fqn, first.file, f"chunks cover {covered} of {total} elements"
         )
     return visited
+
+
+def _without_replicas(
+    boxes: list[tuple[int, mf.ChunkEntry]],
+) -> list[tuple[int, mf.ChunkEntry]]:
+    """``boxes`` less the exact replicas of another rank's box: under SPMD each host writes
+    the values every device holds (a replicated optimizer step), the same box each. A box
+    repeated within one rank is no replica: it stays, and overlaps."""
+    first: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    kept = []
+    for rank, c in boxes:
+        key = (tuple(c.offset), tuple(c.shape))
+        if first.setdefault(key, rank) == rank:
+            kept.append((rank, c))
+    return kept
 
 
 def _disjoint(step: int, fqn: str, boxes: list[tuple[int, mf.ChunkEntry]], budget: int) -> int:
