@@ -33,7 +33,7 @@ def status_line(url: str, job: str) -> str:
 
 
 def main() -> None:
-    from checkflow.policy import DEFAULT_MAX_OVERHEAD
+    from checkflow.interval import DEFAULT_MAX_OVERHEAD
     from tests.support.coordinator import TOKEN, served
     from tests.support.interval_journey import run
 

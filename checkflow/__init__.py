@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointConfig", "Checkpointer", "CheckpointInfo", "list_checkpoints", "load"]
 __version__ = "0.1.0"
 
-# Imported lazily (PEP 562): the coordinator shares the pure modules checkflow.policy and
+# Imported lazily (PEP 562): the coordinator shares the pure modules checkflow.interval and
 # checkflow.manifest, and importing them must not pull in torch through this package.
 _LAZY = {
     "Checkpointer": "checkflow.checkpointer",

@@ -15,23 +15,24 @@ from typing import Any
 
 import torch
 
-from checkflow import distributed, resume
+from checkflow import resume
 from checkflow.codec import CodecRules
 from checkflow.config import CheckpointConfig, from_arguments, with_launcher_settings
 from checkflow.determinism import environment, warn_if_different
+from checkflow.interval import FrequencyTuner
 from checkflow.memory.jit import check_replicated
 from checkflow.memory.jit_hooks import CheckpointerJit, NoJit
 from checkflow.memory.tier import RamTier, TieredWrite, ram_tier, write_plan
-from checkflow.policy import FrequencyTuner
+from checkflow.parallel import adapters, agreement, groups, sharding
 from checkflow.state import FlatState, check_state, flatten, load_into
 from checkflow.storage import Storage
 from checkflow.storage.probe import check_writable
 from checkflow.write.backpressure import acquire_buffer_set, count_skip, done_future, wait_for_all
 from checkflow.write.buffers import HostBufferPool
 from checkflow.write.commit import RankResult, commit_protocol
+from checkflow.write.decisions import SavePolicy, save_policy
 from checkflow.write.measure import CostMeter
 from checkflow.write.persist import PersistWorker
-from checkflow.write.policy import SavePolicy, save_policy
 from checkflow.write.snapshot import Snapshot, Snapshotter, protected_pointers
 from checkflow.write.stats import CheckpointStats
 
@@ -105,7 +106,7 @@ class Checkpointer:
         self.state = dict(state)
         self.codecs = CodecRules(cfg.codec)
         self.storage = Storage(uri, storage_options=cfg.storage_options)
-        self.group, self.rank, self.world_size = distributed.checkpoint_group(process_group)
+        self.group, self.rank, self.world_size = groups.checkpoint_group(process_group)
         self.stats = CheckpointStats(interval=None if cfg.auto else int(cfg.every))
         self._tuner = FrequencyTuner(max_overhead=cfg.max_overhead) if cfg.auto else None
         self._optimizers = [o for o in self.state.values() if isinstance(o, torch.optim.Optimizer)]
@@ -124,8 +125,8 @@ class Checkpointer:
         self._last_future: Future[int] | None = None
         self._meter = CostMeter(self._tuner)
         self._policy: SavePolicy | None = None
-        self._sync: distributed.RankSync | None = None
-        self._global_names = distributed.global_state_names(self.state)
+        self._sync: agreement.RankSync | None = None
+        self._global_names = sharding.global_state_names(self.state)
         self._jit: CheckpointerJit | NoJit = NoJit()
         if cfg.jit:
             check_replicated(self.state, len(self._optimizers))
@@ -151,7 +152,7 @@ class Checkpointer:
         self._opened = True
         self._snapshotter = Snapshotter(buffer_sets=2)
         if self.world_size > 1:
-            self._sync = distributed.RankSync(self.group, self.storage.uri)
+            self._sync = agreement.RankSync(self.group, self.storage.uri)
         if self.config.coordinator:
             self._connect()  # before the persist worker: its commit protocol needs the client
         sync = self._sync
@@ -326,11 +327,8 @@ class Checkpointer:
         # How this process computes: a resume in another setting warns that it cannot be exact.
         flat.skeleton[META_KEY] = {"step": self._step, "environment": environment()}
         before = dict(flat.tensors)  # all this rank holds: the RAM tier keeps every tensor
-        shards = distributed.prepare_snapshot(
-            flat,
-            self._global_names,
-            self._sync,
-            busy=busy,
+        shards = adapters.prepare_snapshot(
+            flat, self._global_names, self._sync, busy=busy,
             interval=self._policy.proposed if self._policy is not None else None,
             rank=self.rank,
         )
@@ -354,7 +352,7 @@ class Checkpointer:
         """Start the snapshot into ``pool`` and queue its persist; count the stall."""
         assert self._persist is not None and self._snapshotter is not None
         protected = protected_pointers(self._optimizers)
-        protected |= distributed.local_pointers(self._optimizers)
+        protected |= adapters.local_pointers(self._optimizers)
         self._persist.decide_timeline() if plan.storage else None  # here, as every agreement
         snap = self._snapshotter.take(self._step, flat, protected, pool)
         self._current = snap

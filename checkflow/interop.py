@@ -33,7 +33,8 @@ from checkflow.dcp_pickle import (
     SafeFileSystemReader,
     SafeLoadPlanner,
 )
-from checkflow.restore import UntrustedCheckpointError, load
+from checkflow.read.api import load
+from checkflow.read.errors import UntrustedCheckpointError
 from checkflow.storage import write_error
 
 log = logging.getLogger(__name__)

@@ -15,13 +15,16 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from checkflow import distributed
 from checkflow import timeline as tl
 from checkflow.catalog import committed_steps, marked_after
 from checkflow.lineage import write_timeline
 from checkflow.memory.copies import RamCopies
 from checkflow.memory.tier import RamTier
-from checkflow.restore import RESTORE_ERRORS, CheckpointReader, NoCheckpointError
+from checkflow.parallel.adapters import live_state
+from checkflow.parallel.agreement import RankSync, restore_point
+from checkflow.read.errors import RESTORE_ERRORS, NoCheckpointError
+from checkflow.read.reader import CheckpointReader
+from checkflow.read.state_dicts import read_state_dicts
 from checkflow.storage import Storage
 from checkflow.write.persist import PersistWorker
 
@@ -57,7 +60,7 @@ def read_newest(
     steps: list[int],
     *,
     rank: int,
-    sync: distributed.RankSync | None,
+    sync: RankSync | None,
     trust: bool,
     ram: RamCopies | None = None,
     tiers: dict[int, str] | None = None,
@@ -72,7 +75,7 @@ def read_newest(
         ``(step, state_dicts)``, or None when no candidate could be read (with a warning
         when there were candidates).
     """
-    live = distributed.live_state(state)
+    live = live_state(state)
     # Bytes bound for XLA devices are read past the page cache (``Storage.read``).
     reader = CheckpointReader(storage, trust=trust, direct=live.on_xla)
     in_ram = ram.steps() if ram is not None else set()
@@ -93,7 +96,7 @@ def read_newest(
                 )
         try:
             tiers[candidate] = "storage"
-            return distributed.read_state_dicts(reader, candidate, rank, live)
+            return read_state_dicts(reader, candidate, rank, live)
         except RESTORE_ERRORS as e:
             failed.append(candidate)
             warnings.warn(
@@ -103,7 +106,7 @@ def read_newest(
             )
             return None
 
-    found = distributed.restore_point(steps, read, sync)
+    found = restore_point(steps, read, sync)
     if found is None and steps:
         _nothing_restored(storage.uri, [s for s in failed if s in live.landed])
     return found
@@ -138,7 +141,7 @@ def read_tiered(
     storage: Storage,
     state: dict[str, Any],
     step: int | None,
-    sync: distributed.RankSync | None,
+    sync: RankSync | None,
     ram: RamTier | None,
     *,
     rank: int,
@@ -179,7 +182,7 @@ def read_tiered(
 
 
 def continue_timeline(
-    storage: Storage, restored: int | None, sync: distributed.RankSync | None
+    storage: Storage, restored: int | None, sync: RankSync | None
 ) -> tuple[int, int | None]:
     """The timeline to write to after restoring ``restored`` (None: nothing was), and the
     step it forked at (None: no rollback, the current timeline goes on).

@@ -86,7 +86,9 @@ def summarize_tensors(rank_manifests: list[RankManifest]) -> list[TensorSummary]
 
 
 def _inspect(args: argparse.Namespace) -> Inspection:
-    from checkflow.restore import CheckpointReader, CorruptCheckpointError, resolve_step
+    from checkflow.read.api import resolve_step
+    from checkflow.read.errors import CorruptCheckpointError
+    from checkflow.read.reader import CheckpointReader
 
     storage = open_root(args)
     step = resolve_step(storage, args.step)

@@ -214,9 +214,9 @@ def explain(e: Exception, uri: str | None) -> tuple[int | None, str]:
     # Only a module that is loaded can have raised its error; importing the others here
     # would load torch just to print a usage error.
     ManifestError = _loaded("checkflow.manifest", "ManifestError")
-    CorruptCheckpointError = _loaded("checkflow.restore", "CorruptCheckpointError")
-    NoCheckpointError = _loaded("checkflow.restore", "NoCheckpointError")
-    UntrustedCheckpointError = _loaded("checkflow.restore", "UntrustedCheckpointError")
+    CorruptCheckpointError = _loaded("checkflow.read.errors", "CorruptCheckpointError")
+    NoCheckpointError = _loaded("checkflow.read.errors", "NoCheckpointError")
+    UntrustedCheckpointError = _loaded("checkflow.read.errors", "UntrustedCheckpointError")
     StorageError = _loaded("checkflow.storage", "StorageError")
     StorageAccessError = _loaded("checkflow.storage", "StorageAccessError")
     uri = uri or "URI"

@@ -26,7 +26,7 @@ from checkflow.cli.output import EXIT_OK, CliError, human_bytes, line, write_fai
 from checkflow.cli.progress import ByteProgress
 
 if TYPE_CHECKING:
-    from checkflow.restore import CheckpointReader
+    from checkflow.read.reader import CheckpointReader
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
 def _restore_file(args: argparse.Namespace, out: str) -> int:
     """``--format torch|safetensors``: one file, written atomically."""
     _check_out(out, args.force)
-    from checkflow.restore import CheckpointReader, resolve_step
+    from checkflow.read.api import resolve_step
+    from checkflow.read.reader import CheckpointReader
     from checkflow.storage import write_file_atomic
 
     storage = open_root(args)
@@ -114,7 +115,7 @@ def _restore_dcp(args: argparse.Namespace, out: str) -> int:
     if not os.path.isdir(os.path.dirname(out)):
         raise CliError(f"the folder of --out {out} does not exist; create it first")
     from checkflow.interop import export_dcp
-    from checkflow.restore import resolve_step
+    from checkflow.read.api import resolve_step
 
     step = resolve_step(open_root(args), args.step)
     options = parse_storage_options(args.storage_options)

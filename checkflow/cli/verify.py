@@ -25,7 +25,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Verify the chosen steps, one line per step (and per problem); exit 1 on any problem."""
     from checkflow.catalog import scan
-    from checkflow.restore import CheckpointReader, NoCheckpointError, resolve_step
+    from checkflow.read.api import resolve_step
+    from checkflow.read.errors import NoCheckpointError
+    from checkflow.read.reader import CheckpointReader
 
     storage = open_root(args)
     cat = scan(storage)

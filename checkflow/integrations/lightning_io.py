@@ -22,7 +22,7 @@ from lightning.fabric.plugins import CheckpointIO
 
 from checkflow.catalog import delete_folders, scan
 from checkflow.codec import CodecRules
-from checkflow.restore import load
+from checkflow.read.api import load
 from checkflow.state import flatten
 from checkflow.storage import Storage
 from checkflow.write.commit import SingleProcessCommit

@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from checkflow.checkpointer import Checkpointer
-from checkflow.restore import list_checkpoints, load
+from checkflow.read.api import list_checkpoints, load
 from checkflow.state import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ class CheckpointerJit:
 
     Args:
         state: the ``Checkpointer``'s state (read live when a copy is written).
-        global_names: its names held once per job (``distributed.global_state_names``).
+        global_names: its names held once per job (``parallel.sharding.global_state_names``).
         ram: the rank's RAM tier; None: a warning, and nothing is ever written.
         config: the ``Checkpointer``'s options (``rng``: the marks capture RNG states too;
             ``allow_pickle``).

@@ -1,6 +1,6 @@
 """The write side of a checkpoint, in the order a save runs.
 
-- ``policy``: is step N due? (``FixedInterval``, ``AutoInterval`` with the coordinator's interval);
+- ``decisions``: is step N due? (``FixedInterval``; ``AutoInterval``, the coordinator's interval);
 - ``backpressure``: a due checkpoint while storage is behind waits for a buffer set or skips;
 - ``snapshot``: phase 1, copy the state into reused host buffers (two sets);
 - ``persist``: phase 2, encode and write this rank's part on a background thread;

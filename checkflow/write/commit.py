@@ -4,7 +4,7 @@ A step is visible to readers only once its ``MANIFEST.json`` is stored, and that
 after every rank's manifest is. A ``CommitProtocol`` picks the one rank that writes it:
 ``SingleProcessCommit`` for one process, ``CoordinatorCommit`` through the coordinator
 (falling back to a local protocol while it is down) and, across ranks without a
-coordinator, ``StoreCommit`` in ``checkflow.distributed`` (the c10d store).
+coordinator, ``StoreCommit`` in ``checkflow.parallel.agreement`` (the c10d store).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from checkflow.policy import FrequencyTuner
+from checkflow.interval import FrequencyTuner
 
 
 @dataclass(slots=True)

@@ -49,7 +49,7 @@ class PersistJob:
     full: bool = False
     """Force a full (non-delta) checkpoint."""
     shards: dict[str, Any] | None = None
-    """``{fqn: distributed.Shard}``: where a local tensor sits in its global tensor
+    """``{fqn: parallel.sharding.Shard}``: where a local tensor sits in its global tensor
     (absent: the tensor is whole)."""
     skip: frozenset[str] = frozenset()
     """Tensors of the snapshot not to write here (the RAM tier holds them; another rank

@@ -1,5 +1,5 @@
 """Rules for the checkpoint interval: one per job, from its ranks' reports and the policy
-shared with the runtime (:mod:`checkflow.policy`).
+shared with the runtime (:mod:`checkflow.interval`).
 
 A fixed ``every=N`` is the ranks' own: it is shown as it is and never recomputed. With
 ``every="auto"`` the coordinator computes one interval for the whole job; the ranks count
@@ -13,7 +13,7 @@ from checkflow_server.domain import lifecycle
 from checkflow_server.domain.changes import Changes, EventKind
 from checkflow_server.domain.state import Job
 
-from checkflow.policy import Profile, choose_interval
+from checkflow.interval import Profile, choose_interval
 from checkflow.protocol import IntervalMode, Schedule
 
 

@@ -322,7 +322,7 @@ def test_every_auto_measures_then_picks_and_reports_an_interval(tmp_path, caplog
     import logging
     import time
 
-    from checkflow.policy import choose_interval
+    from checkflow.interval import choose_interval
 
     state = small_state()
     with (
@@ -357,7 +357,7 @@ def test_every_auto_measures_a_persist_slower_than_its_warm_up_interval(tmp_path
     # the measurement, none completed, and the warm-up interval kept training waiting).
     import time
 
-    from checkflow.policy import PERSIST_HEADROOM
+    from checkflow.interval import PERSIST_HEADROOM
 
     monkeypatch.setenv("CHECKFLOW_TEST_COMMIT_DELAY_S", "0.3")
     state = small_state()

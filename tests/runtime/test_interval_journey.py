@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from checkflow.cli.app import main
-from checkflow.policy import DEFAULT_MAX_OVERHEAD
+from checkflow.interval import DEFAULT_MAX_OVERHEAD
 from tests.support.coordinator import TOKEN, ServerProcess, served
 from tests.support.interval_journey import JourneyResult, run
 

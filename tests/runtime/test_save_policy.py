@@ -6,15 +6,15 @@ from concurrent.futures import Future
 
 import pytest
 
-from checkflow.policy import FrequencyTuner
-from checkflow.write.measure import CostMeter
-from checkflow.write.policy import (
+from checkflow.interval import FrequencyTuner
+from checkflow.write.decisions import (
     AutoInterval,
     FixedInterval,
     adopted_interval,
     proposed_interval,
     save_policy,
 )
+from checkflow.write.measure import CostMeter
 
 
 def _due_steps(policy, steps, last=0):

@@ -9,8 +9,8 @@ from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
 
+from checkflow.interval import Profile, choose_interval
 from checkflow.manifest import MANIFEST, step_dir
-from checkflow.policy import Profile, choose_interval
 from tests.support.coordinator import AUTH
 
 

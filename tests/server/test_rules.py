@@ -14,7 +14,7 @@ from checkflow_server.domain.changes import EventKind
 from checkflow_server.domain.errors import Conflict, NotFound, StaleGeneration
 from checkflow_server.domain.state import Job
 
-from checkflow.policy import Profile, choose_interval
+from checkflow.interval import Profile, choose_interval
 from checkflow.protocol import (
     Action,
     CheckpointSource,

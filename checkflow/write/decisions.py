@@ -3,7 +3,7 @@
 Like Orbax's save-decision policies, each object answers one question, ``is_due``; the
 ``Checkpointer`` asks its policy after every step instead of branching over its options.
 How an interval is chosen from measurements (CheckFreq's profile -> interval) is
-``checkflow.policy``, shared with the coordinator; this module only applies an interval.
+``checkflow.interval``, shared with the coordinator; this module only applies an interval.
 
 Every rank of a job must get the same answer for the same step, or one rank's part of a
 checkpoint is missing and the step never commits: each policy says how it ensures that.
@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
 
-from checkflow.policy import FrequencyTuner
+from checkflow.interval import FrequencyTuner
 
 
 class SavePolicy(ABC):

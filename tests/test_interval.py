@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checkflow.policy import PERSIST_HEADROOM, FrequencyTuner, Profile, choose_interval
+from checkflow.interval import PERSIST_HEADROOM, FrequencyTuner, Profile, choose_interval
 
 
 def test_interval_is_the_smallest_that_keeps_overhead_under_budget():
