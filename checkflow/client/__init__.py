@@ -3,8 +3,6 @@
 - :mod:`checkflow.client.rank`: registration, the heartbeat thread (the in-rank watchdog
   that exits a rank told to abort), persist and commit reports.
 - :mod:`checkflow.client.transport`: HTTP in protocol models (:mod:`checkflow.protocol`).
-- ``python -m checkflow.client --help``: a simulated rank without torch (used by the tests
-  and for trying a coordinator out).
 """
 
 from __future__ import annotations

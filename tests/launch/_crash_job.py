@@ -1,6 +1,6 @@
 """A job without torch for ``checkflow run`` whose last rank crashes in every round.
 
-Each worker is a simulated rank (``python -m checkflow.client``: a real coordinator client
+Each worker is a simulated rank (``tests/support/simulated_rank.py``: a real coordinator client
 that registers, beats and steps) in the rank and world the launcher gave it; the last rank
 exits 1 at step 3 of every round. Workers start in a fraction of a second (no torch), so a
 test of restart counting spends its time on the restarts, not on imports.
@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-from checkflow.client.__main__ import simulate_rank
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.support
+
+from tests.support.simulated_rank import simulate_rank  # noqa: E402
 
 if __name__ == "__main__":
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -1,5 +1,5 @@
 """Fixtures of the coordinator tests: an in-process app (TestClient) and a real uvicorn
-server in a subprocess, plus simulated ranks (``python -m checkflow.client``) as real
+server in a subprocess, plus simulated ranks (``python -m tests.support.simulated_rank``) as real
 client processes."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A real coordinator for the tests: ``checkflow serve`` in a subprocess or uvicorn in a
-thread, and simulated ranks (``python -m checkflow.client``) as real client processes."""
+thread, and simulated ranks (``python -m tests.support.simulated_rank``) as real client
+processes."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from checkflow.protocol import (
     paths,
 )
 from tests.support.net import free_port, wait_until
+from tests.support.paths import REPO
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -177,7 +179,7 @@ def start_rank(url: str, job: str, rank: int, world: int, *args: str) -> subproc
     cmd = [
         sys.executable,
         "-m",
-        "checkflow.client",
+        "tests.support.simulated_rank",
         "--url",
         url,
         "--job",
@@ -190,4 +192,8 @@ def start_rank(url: str, job: str, rank: int, world: int, *args: str) -> subproc
         TOKEN,
         *args,
     ]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}  # the simulator is in tests/, not installed
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )

@@ -1,9 +1,12 @@
-"""A simulated rank without torch: ``python -m checkflow.client --help``.
+"""A simulated rank without torch, for the tests: ``python -m tests.support.simulated_rank
+--help`` from the repository root.
 
 It steps, heartbeats and checkpoints on the coordinator's schedule through a real
 :class:`~checkflow.client.CoordinatorClient`, printing one JSON line per event (registered,
 checkpoint, done) to stdout, and exits with :data:`~checkflow.client.ABORT_EXIT_CODE` when
-told to abort. The tests run it as a real client process; it also tries a coordinator out.
+told to abort. The tests run it as a real client process (``coordinator.start_rank``, and
+``checkflow run``'s workers in ``tests/launch/_crash_job.py``); it also tries a coordinator
+out. It is test support, not part of the installed package.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from checkflow.client.rank import CoordinatorClient
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m checkflow.client")
+    p = argparse.ArgumentParser(prog="python -m tests.support.simulated_rank")
     p.add_argument("--url", required=True)
     p.add_argument("--job", required=True)
     p.add_argument("--rank", type=int, required=True)
