@@ -1,7 +1,10 @@
-"""Every torch call checkflow makes that is not public API, in one place.
+"""Every private torch function checkflow's runtime calls, in one place (the launcher's
+overrides of torch's elastic agent are ``checkflow.launch.agent`` and ``checkflow.launch.warm``:
+they subclass torch's classes, so they cannot go through functions here).
 
 torch may rename or move these between releases; when it does, this module is the only one
-to change. Each function says what it stands for, so a caller never names a private path.
+to change in the runtime. Each function says what it stands for, so a caller never names a
+private path.
 """
 
 from __future__ import annotations
