@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from checkflow.client import env
+from checkflow.client import endpoints, env
 
 WHEN_BUSY = ("wait", "skip")
 """What a due checkpoint does when both host buffer sets are still being persisted."""
@@ -38,7 +38,8 @@ class CheckpointConfig:
     rng: bool = True
     """Also save and restore the torch, CUDA, numpy and Python RNG states."""
     coordinator: str | None = None
-    """URL of a checkflow coordinator; needs ``job``."""
+    """URL of a checkflow coordinator, or several replicas' comma-separated
+    (``http://a:8470,http://b:8470``: tried in order, failing over); needs ``job``."""
     job: str | None = None
     """The job's name on the coordinator."""
     full_every: int = 10
@@ -89,6 +90,8 @@ class CheckpointConfig:
             raise ValueError(f"when_busy must be one of {WHEN_BUSY}, got {self.when_busy!r}")
         if self.coordinator is not None and not self.job:
             raise ValueError("coordinator= needs job= (the job's name on the coordinator)")
+        if self.coordinator is not None:
+            endpoints.parse(self.coordinator)  # a ValueError naming the bad item
         if self.hang_timeout is not None and (
             not _is_number(self.hang_timeout) or not 0.1 <= self.hang_timeout <= 1e9
         ):

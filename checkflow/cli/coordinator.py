@@ -3,9 +3,12 @@ of ``restore --coordinator``. Paths come from ``checkflow.protocol.paths`` and r
 parsed into the protocol's models (``model_validate``), here and only here; the command
 modules format what these functions return.
 
-A failure raises :class:`~checkflow.cli.output.CliError`: exit 3 when the coordinator is
-unreachable or fails, 4 when it does not know the job (HTTP 404), 2 when it refuses the
-request (a token or a step: 401, 403, 409, 422).
+A URL may be a comma-separated list of replicas: the calls go through the rank client's
+:class:`~checkflow.client.transport.Channel` (tried in order, sticking to the one that
+answers, 307s followed within the list). A failure raises
+:class:`~checkflow.cli.output.CliError`: exit 3 when no coordinator of the list answers or
+they fail (the message names each URL tried), 4 when it does not know the job (HTTP 404), 2
+when the list is bad or it refuses the request (a token or a step: 401, 403, 409, 422).
 """
 
 from __future__ import annotations
@@ -25,8 +28,14 @@ from checkflow.cli.output import (
     CliError,
     warning,
 )
+from checkflow.client.endpoints import BadCoordinatorList
 from checkflow.client.env import TOKEN, setting
-from checkflow.client.transport import token_sent, unauthorized_hint
+from checkflow.client.transport import (
+    Channel,
+    CoordinatorUnavailable,
+    token_sent,
+    unauthorized_hint,
+)
 from checkflow.protocol import paths
 from checkflow.protocol.messages import (
     CheckpointList,
@@ -68,9 +77,14 @@ def coordinator_url(url: str | None) -> str:
     return setting(url, URL, os.environ, DEFAULT_URL) or DEFAULT_URL
 
 
-def connect(url: str, token: str | None, token_file: str | None = None) -> httpx.Client:
-    """An HTTP client of the coordinator at ``url``. The token: ``token`` (a ``--token``:
-    warned, deprecated), else the one in ``token_file``, else ``$CHECKFLOW_TOKEN``."""
+def connect(url: str, token: str | None, token_file: str | None = None) -> Channel:
+    """A client of the coordinator(s) at ``url`` (a comma-separated list). The token:
+    ``token`` (a ``--token``: warned, deprecated), else the one in ``token_file``, else
+    ``$CHECKFLOW_TOKEN``.
+
+    Raises:
+        CliError: ``url`` is not a valid list (exit 2).
+    """
     if token is not None:
         warning(TOKEN_ON_COMMAND_LINE)
     if token is None and token_file is not None:
@@ -94,7 +108,7 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def jobs(http: httpx.Client) -> list[JobPublic]:
+def jobs(http: Channel) -> list[JobPublic]:
     """Every job the coordinator knows."""
     return _get(http, paths.path(paths.JOBS), JobList).jobs
 
@@ -105,7 +119,7 @@ RECOVERY_EVENTS = ("generation_started", "trained_again")
 """The events a recovery is made of: its start and the moment the job trained again."""
 
 
-def job_report(http: httpx.Client, job: str, limit: int) -> JobReport:
+def job_report(http: Channel, job: str, limit: int) -> JobReport:
     """One job with its ranks, its ``limit`` newest checkpoints and events, and the events
     of its ``limit`` newest recoveries."""
     newest = {"limit": limit}
@@ -124,7 +138,7 @@ def job_report(http: httpx.Client, job: str, limit: int) -> JobReport:
     )
 
 
-def recover(http: httpx.Client, job: str, step: int | None) -> RestorePoint:
+def recover(http: Channel, job: str, step: int | None) -> RestorePoint:
     """Ask the coordinator to roll live job ``job`` back to committed ``step``.
 
     Running ranks are told to abort on their next heartbeat; the restarted group restores
@@ -150,12 +164,19 @@ def _detail(r: httpx.Response) -> str:
     return f"HTTP {r.status_code}: {r.text[:200]}"
 
 
-def _http(url: str, token: str | None) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=10.0)
+TIMEOUT_S = 10.0
+"""Each request's timeout; a command waits for each URL of its list in turn."""
 
 
-def _get(http: httpx.Client, path: str, model: type[M], params: dict[str, Any] | None = None) -> M:
+def _http(url: str, token: str | None) -> Channel:
+    try:
+        urls = len(url.split(","))
+        return Channel(url, token, TIMEOUT_S, budget_s=TIMEOUT_S * urls)
+    except BadCoordinatorList as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+
+
+def _get(http: Channel, path: str, model: type[M], params: dict[str, Any] | None = None) -> M:
     return _parse(_send(http, "GET", path, None, params), model)
 
 
@@ -172,28 +193,29 @@ def _parse(reply: Any, model: type[M]) -> M:
 
 
 def _send(
-    http: httpx.Client,
+    http: Channel,
     method: str,
     path: str,
     body: Any,
     params: dict[str, Any] | None = None,
 ) -> Any:
     try:
-        r = http.request(method, path, json=body, params=params)
-    except httpx.TransportError as e:
+        r = http.send(method, path, body, params)
+    except CoordinatorUnavailable as e:
         raise CliError(
-            f"cannot reach the coordinator at {http.base_url}: {e}; is "
+            f"cannot reach the coordinator at {http.failover.coordinators} ({e}); is "
             "`checkflow serve` running there?",
             EXIT_UNAVAILABLE,
         ) from e
+    where = http.failover.current  # the one that answered
     if r.status_code == 401:
         raise CliError(
             f"the coordinator refused: {unauthorized_hint(token_sent(r.request))}", EXIT_USAGE
         )
     if r.status_code == 404:  # the CLI asks only for jobs by name: the job is unknown
         raise CliError(
-            f"{_detail(r)} on the coordinator at {http.base_url}; `checkflow status "
-            f"{http.base_url}` lists the jobs it knows",
+            f"{_detail(r)} on the coordinator at {where}; `checkflow status "
+            f"{where}` lists the jobs it knows",
             EXIT_NOT_FOUND,
         )
     if r.status_code in (403, 409, 422):

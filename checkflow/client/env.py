@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from checkflow.client import endpoints
+
 COORDINATOR = "CHECKFLOW_COORDINATOR"
 JOB = "CHECKFLOW_JOB"
 TOKEN = "CHECKFLOW_TOKEN"
@@ -24,7 +26,8 @@ class CoordinatorSettings:
     """Where a job reports: all None when no coordinator was configured."""
 
     url: str | None = None
-    """Base URL of the coordinator, e.g. ``http://127.0.0.1:8470``."""
+    """Base URL of the coordinator, e.g. ``http://127.0.0.1:8470``, or several replicas'
+    comma-separated (checked by :func:`checkflow.client.endpoints.parse`)."""
     job: str | None = None
     """The job's name at the coordinator."""
     token: str | None = None
@@ -39,6 +42,8 @@ class CoordinatorSettings:
                 f"{given} is set but {missing} is not; give both (or set {COORDINATOR} "
                 f"and {JOB}) so that the workers know which job they belong to"
             )
+        if self.url is not None:
+            endpoints.parse(self.url)  # BadCoordinatorList, a ValueError naming the item
 
     def as_env(self) -> dict[str, str]:
         """The variables to export to workers; unset settings are left out."""
@@ -66,7 +71,8 @@ def resolve(
     each field resolved on its own by :func:`setting`.
 
     Raises:
-        ValueError: one of the URL and the job resolves and the other does not.
+        ValueError: one of the URL and the job resolves and the other does not, or the URL
+            list is bad (:class:`~checkflow.client.endpoints.BadCoordinatorList`).
     """
     env = os.environ if environ is None else environ
     return CoordinatorSettings(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import threading
 import uuid
@@ -25,6 +24,9 @@ from contextlib import AbstractContextManager, suppress
 import httpx
 from pydantic import ValidationError
 
+from checkflow.client import endpoints
+from checkflow.client.backoff import next_delay
+from checkflow.client.endpoints import Failover
 from checkflow.client.progress import ProgressReport
 from checkflow.client.transport import Channel, CoordinatorUnavailable, Reachability, why
 from checkflow.protocol import (
@@ -54,13 +56,6 @@ logger = logging.getLogger(__name__)
 
 ABORT_EXIT_CODE = 75
 """Exit status of a rank told to abort (EX_TEMPFAIL: restart the group and try again)."""
-MAX_BACKOFF_S = 4.0
-"""Longest wait between retries while the coordinator is unreachable: below its default
-heartbeat timeout (10 s), so a restarted coordinator hears from every rank in its grace."""
-
-_jitter = random.Random()
-"""The backoff jitter's own generator: the global one would shift the training's ``random``
-sequence (saved in checkpoints) by the number of retries, so no run would repeat another."""
 
 
 class CoordinatorClient:
@@ -71,7 +66,8 @@ class CoordinatorClient:
     :meth:`report_committed`, :meth:`close`.
 
     Args:
-        url: Base URL of the coordinator, e.g. ``http://coord:8470``.
+        url: Base URL of the coordinator, e.g. ``http://coord:8470``, or several replicas'
+            comma-separated (:mod:`checkflow.client.endpoints`).
         job: Job name (created on first registration).
         rank: This process's global rank.
         world_size: Number of ranks of the job.
@@ -89,9 +85,9 @@ class CoordinatorClient:
             log an error line and ``os._exit(ABORT_EXIT_CODE)``.
 
     Raises:
-        ValueError: a rank outside ``world_size``, or a job setting the coordinator
-            would refuse (e.g. a job name with a ``/``): said now rather than training on
-            without a coordinator.
+        ValueError: a bad URL list, a rank outside ``world_size``, or a job setting the
+            coordinator would refuse (e.g. a job name with a ``/``): said now rather than
+            training on without a coordinator.
     """
 
     ABORT_EXIT_CODE: int = ABORT_EXIT_CODE
@@ -113,7 +109,8 @@ class CoordinatorClient:
         every: int | None = None,
         on_abort: Callable[[str], None] | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        failover = Failover(endpoints.parse(url))
+        self.url = str(failover.coordinators)
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -138,8 +135,8 @@ class CoordinatorClient:
         self.on_abort = on_abort or self._exit_on_abort
         self.instance = uuid.uuid4().hex
         # Two connections: the heartbeat thread must never queue behind a persist report.
-        self._reports = Channel(self.url, token, timeout_s)
-        self._beats = Channel(self.url, token, timeout_s)
+        self._reports = Channel(failover, token, timeout_s)
+        self._beats = Channel(failover, token, timeout_s)
         self._generation: int | None = None
         self._schedule: Schedule | None = None
         self._progress = ProgressReport()
@@ -334,7 +331,8 @@ class CoordinatorClient:
         self._schedule = reply.schedule
         self._reach.back()
         said = "rank %d registered with coordinator %s: generation %d, restore step %s"
-        logger.info(said, self.rank, self.url, reply.generation, reply.restore_step)
+        where = channel.failover.current
+        logger.info(said, self.rank, where, reply.generation, reply.restore_step)
         return reply
 
     def _heartbeat_loop(self) -> None:
@@ -345,9 +343,7 @@ class CoordinatorClient:
                 delay = self.heartbeat_interval_s
             except CoordinatorUnavailable as e:
                 self._reach.lost(e, self.interval)
-                # Backoff with jitter so that thousands of ranks don't return in lockstep.
-                delay = min(MAX_BACKOFF_S, max(delay, self.heartbeat_interval_s) * 2)
-                delay *= _jitter.uniform(0.75, 1.0)
+                delay = next_delay(delay, self.heartbeat_interval_s)
             except Exception:
                 # The watchdog must survive anything; training goes on without it.
                 logger.exception("heartbeat of rank %d failed", self.rank)

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TypeVar
+import time
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
+
+from checkflow.client import endpoints
+from checkflow.client.endpoints import Failover, RedirectRefused
 
 logger = logging.getLogger("checkflow.client.rank")
 Reply = TypeVar("Reply", bound=BaseModel)
@@ -16,21 +20,48 @@ Reply = TypeVar("Reply", bound=BaseModel)
 
 class CoordinatorUnavailable(RuntimeError):
     """The coordinator could not be used: network error, timeout, 5xx, or a reply this
-    client cannot read (a coordinator of an incompatible version)."""
+    client cannot read (a coordinator of an incompatible version). With several URLs, none
+    of them could; the message names each one tried and what it did."""
+
+
+MAX_REDIRECTS = 4
+"""307s followed for one request: a replica points at the job's owner, once."""
 
 
 class Channel:
     """A keep-alive HTTP connection to the coordinator, used by one caller at a time.
 
+    Several URLs (a comma-separated list, or a :class:`Failover` shared with another
+    channel) are tried in the failover's order within one budget: each request goes to the
+    one that answered last, and on a transport error, a timeout or a 5xx to the next,
+    while the budget lasts. So a caller never blocks longer than with one URL: the first
+    try gets the whole ``timeout_s``, a later one what is left of ``budget_s``; a URL not
+    tried in time is tried first by the next request. A 307/308 is followed with its
+    method, body and token, but only to a listed origin (:func:`endpoints.redirect_target`).
+
     Args:
-        url: Base URL of the coordinator, e.g. ``http://coord:8470``.
+        url: Base URL(s) of the coordinator, e.g. ``http://coord:8470`` or
+            ``http://a:8470,http://b:8470``; or a :class:`Failover`.
         token: Bearer token of the coordinator, if it has one.
         timeout_s: Timeout of each request.
+        budget_s: Time for one call over the whole list (default ``timeout_s``).
+
+    Raises:
+        BadCoordinatorList: ``url`` is not a valid list (a ``ValueError``).
     """
 
-    def __init__(self, url: str, token: str | None, timeout_s: float) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
+    def __init__(
+        self,
+        url: str | Failover,
+        token: str | None,
+        timeout_s: float,
+        budget_s: float | None = None,
+    ) -> None:
+        self.failover = url if isinstance(url, Failover) else Failover(endpoints.parse(url))
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(timeout=timeout_s, follow_redirects=False)
+        self._timeout_s = timeout_s
+        self._budget_s = timeout_s if budget_s is None else budget_s
         self._lock = threading.Lock()
 
     def call(self, method: str, path: str, body: BaseModel | None, reply: type[Reply]) -> Reply:
@@ -42,18 +73,71 @@ class Channel:
             httpx.HTTPStatusError: the coordinator refused (4xx); see :func:`why`.
         """
         payload = None if body is None else body.model_dump(mode="json", exclude_none=True)
-        try:
-            with self._lock:
-                response = self._http.request(method, path, json=payload)
-        except httpx.TransportError as e:
-            raise CoordinatorUnavailable(f"{type(e).__name__}: {e}") from e
-        if response.status_code >= 500:
-            raise CoordinatorUnavailable(f"HTTP {response.status_code}")
+        response = self.send(method, path, payload)
         response.raise_for_status()
         try:
             return reply.model_validate_json(response.content)
         except ValidationError as e:
             raise CoordinatorUnavailable(f"unreadable reply to {method} {path}: {e}") from e
+
+    def send(
+        self, method: str, path: str, payload: Any, params: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        """The first answer below 500 from the URLs in the failover's order.
+
+        Raises:
+            CoordinatorUnavailable: none answered in the budget; names each URL and why.
+        """
+        deadline = time.monotonic() + self._budget_s
+        tried: list[str] = []
+        for base in self.failover.order():
+            left = deadline - time.monotonic()
+            if tried and left <= 0:
+                tried.append(f"{base}: not tried (the {self._budget_s:g} s budget was spent)")
+                continue
+            try:
+                response = self._follow(method, base + path, payload, params, deadline)
+            except (httpx.TransportError, RedirectRefused) as e:
+                tried.append(f"{base}: {type(e).__name__}: {e}")
+            else:
+                if response.status_code < 500:
+                    self.failover.answered(str(response.url))
+                    return response
+                tried.append(f"{base}: HTTP {response.status_code}")
+            self.failover.failed(base)
+        raise CoordinatorUnavailable("; ".join(tried))
+
+    def _follow(
+        self,
+        method: str,
+        url: str,
+        payload: Any,
+        params: dict[str, Any] | None,
+        deadline: float,
+    ) -> httpx.Response:
+        for _ in range(MAX_REDIRECTS + 1):
+            timeout = max(0.05, min(self._timeout_s, deadline - time.monotonic()))
+            with self._lock:
+                response = self._http.request(
+                    method,
+                    url,
+                    json=payload,
+                    params=params,
+                    headers=self._headers,
+                    timeout=timeout,
+                )
+            if not 300 <= response.status_code < 400:
+                return response
+            location = response.headers.get("location")
+            if response.status_code not in endpoints.REDIRECTS or not location:
+                raise RedirectRefused(
+                    f"HTTP {response.status_code} not followed (only a 307 or 308 with a "
+                    "Location keeps the method and body)"
+                )
+            here = str(response.request.url)
+            url = endpoints.redirect_target(self.failover.coordinators, here, location)
+            params = None  # the Location holds the whole URL, query included
+        raise RedirectRefused(f"more than {MAX_REDIRECTS} redirects")
 
     def tell(self, path: str, body: BaseModel, reply: type[BaseModel], what: str) -> None:
         """POST a report the rank can do without: a failure is one warning, never raised."""
@@ -64,6 +148,12 @@ class Channel:
 
     def close(self) -> None:
         self._http.close()
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Reachability:

@@ -28,7 +28,8 @@ def for_workers(settings: CoordinatorSettings) -> CoordinatorSettings:
     """``settings`` with the token the workers should hold (see the module docstring)."""
     if settings.url is None or settings.job is None or settings.token is None:
         return settings
-    channel = Channel(settings.url.rstrip("/"), settings.token, TIMEOUT_S)
+    urls = len(settings.url.split(","))  # the launcher's start: each replica gets its time
+    channel = Channel(settings.url, settings.token, TIMEOUT_S, budget_s=TIMEOUT_S * urls)
     try:
         path = paths.path(paths.JOB_TOKENS, job=settings.job)
         issued = channel.call("POST", path, None, JobToken)

@@ -62,7 +62,8 @@ class CoordinatorWatch:
         assert settings.url is not None and settings.job is not None
         self.url, self.job = settings.url, settings.job
         self.interval_s = interval_s
-        self._channel = Channel(settings.url.rstrip("/"), settings.token, REQUEST_TIMEOUT_S)
+        # One budget over the replicas: refresh() is asked from the monitor loop.
+        self._channel = Channel(settings.url, settings.token, REQUEST_TIMEOUT_S)
         self._reports: queue.Queue[tuple[int, int, float] | BaseException | None]
         self._reports = queue.Queue()
         self._view: JobView | None = None
@@ -162,7 +163,7 @@ class CoordinatorWatch:
                 rank,
                 report.exit_code,
                 report.generation,
-                self.url,
+                self._channel.failover.current,
             )
         except CoordinatorUnavailable as e:
             self._note_unreachable(e)
