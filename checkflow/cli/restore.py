@@ -47,7 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="unpickle objects stored as pickles (saved with allow_pickle=True, or by an "
         "older checkflow); this runs code from the checkpoint: only for one you trust",
     )
-    parser.add_argument("--coordinator", metavar="URL", help="roll the job back through it")
+    parser.add_argument(
+        "--coordinator",
+        metavar="URL[,URL...]",
+        help="roll the job back through it (several replicas: tried in order)",
+    )
     parser.add_argument("--job", help="the job's name on the coordinator")
     parser.add_argument(
         "--token",

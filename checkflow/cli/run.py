@@ -30,7 +30,7 @@ def full_parser() -> argparse.ArgumentParser:
     parser.prog = "checkflow run"
     parser.description = COMMAND.description
     group = parser.add_argument_group("coordinator (exported to the workers)")
-    group.add_argument("--coordinator", metavar="URL", help="or CHECKFLOW_COORDINATOR")
+    group.add_argument("--coordinator", metavar="URL[,URL...]", help="or CHECKFLOW_COORDINATOR")
     group.add_argument("--job", metavar="NAME", help="or CHECKFLOW_JOB")
     group.add_argument("--token", help="deprecated: use --token-file or CHECKFLOW_TOKEN")
     group.add_argument("--token-file", metavar="PATH", help="read the token from PATH")

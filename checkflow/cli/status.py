@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "url",
         nargs="?",
         default=None,
-        help=f"coordinator URL (default $CHECKFLOW_URL or {DEFAULT_URL})",
+        help=f"coordinator URL, or URL,URL,... (default $CHECKFLOW_URL or {DEFAULT_URL})",
     )
     parser.add_argument("job", nargs="?", help="job name: show its ranks, checkpoints and events")
     parser.add_argument(

@@ -97,7 +97,9 @@ class Channel:
                 continue
             try:
                 response = self._follow(method, base + path, payload, params, deadline)
-            except (httpx.TransportError, RedirectRefused) as e:
+            except (httpx.RequestError, httpx.InvalidURL, RedirectRefused) as e:
+                # RequestError: transport errors, and a body that does not decode;
+                # InvalidURL: a Location of control characters or megabytes.
                 tried.append(f"{base}: {type(e).__name__}: {e}")
             else:
                 if response.status_code < 500:

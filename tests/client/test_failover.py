@@ -164,3 +164,16 @@ def test_a_5xx_moves_on_to_the_next_url_and_all_failing_names_each(tmp_path):
         ):
             ch.call("GET", paths.path(paths.JOBS), None, JobList)
         assert f"{sick}: HTTP 503" in str(e.value) and f"{dead}: ConnectError" in str(e.value)
+
+
+def test_a_redirect_to_an_unusable_url_counts_as_that_url_failing(tmp_path):
+    """A listed replica whose Location is no URL (a control character, 70 kB): no
+    exception escapes to the caller; the next URL answers, and alone it is unavailable."""
+    with served(tmp_path / "c.db") as live:
+        for junk in ("/\x7f", "/" + "a" * 70_000):
+            with http_server(307, b"", redirect_to=live.url + junk) as (odd, _):
+                with Channel(f"{odd},{live.url}", TOKEN, 2.0) as ch:
+                    assert ch.call("GET", paths.path(paths.JOBS), None, JobList).jobs == []
+                with Channel(odd, TOKEN, 2.0) as ch, pytest.raises(CoordinatorUnavailable) as e:
+                    ch.call("GET", paths.path(paths.JOBS), None, JobList)
+                assert str(e.value).startswith(f"{odd}: ") and "Invalid" in str(e.value)
