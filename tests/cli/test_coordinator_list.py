@@ -33,8 +33,9 @@ def dead_url() -> str:
 
 
 def commit_steps(server: ServerProcess, job: str, *steps: int) -> None:
-    """A real rank client registers ``job`` and commits ``steps`` at ``server``."""
-    with CoordinatorClient(server.url, job, 0, 1, token=TOKEN) as c:
+    """A real rank client registers ``job`` and commits ``steps`` at ``server``; its silence
+    afterwards is no failure for as long as a test runs."""
+    with CoordinatorClient(server.url, job, 0, 1, token=TOKEN, heartbeat_timeout_s=3600) as c:
         assert c.register() is not None
         for step in steps:
             assert c.report_persisted(step, 1, 0.1, f"step-{step:09d}/rank-00000.json") is True
