@@ -64,6 +64,11 @@ class Channel:
         self._budget_s = timeout_s if budget_s is None else budget_s
         self._lock = threading.Lock()
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers every request carries (the bearer token, when there is one)."""
+        return dict(self._headers)
+
     def call(self, method: str, path: str, body: BaseModel | None, reply: type[Reply]) -> Reply:
         """Send ``body`` (fields left at None are omitted; None: no body, as for a GET) and
         parse the answer as ``reply``.

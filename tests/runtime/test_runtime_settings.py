@@ -37,9 +37,10 @@ ENVIRONMENT = {**BOTH, "CHECKFLOW_TOKEN": "env-token"}
 def test_a_checkpointer_argument_beats_its_variable_which_beats_the_default(variable, field):
     # coordinator= alone is refused by the config itself (it needs job= beside it)
     partner = {"job": "arg-job"} if field == "coordinator" else {}
-    config = CheckpointConfig(**{**partner, field: "from-arg"})
+    value = "http://from-arg:1" if field == "coordinator" else "from-arg"  # a URL is checked
+    config = CheckpointConfig(**{**partner, field: value})
     given = with_launcher_settings(config, ENVIRONMENT)
-    assert getattr(given, field) == "from-arg"
+    assert getattr(given, field) == value
     from_env = with_launcher_settings(CheckpointConfig(), ENVIRONMENT)
     assert getattr(from_env, field) == ENVIRONMENT[variable]
     assert getattr(with_launcher_settings(CheckpointConfig(), {}), field) is None
@@ -72,8 +73,9 @@ def test_each_coordinator_setting_resolves_on_its_own():
 @pytest.mark.parametrize("field", ["url", "job", "token"])
 def test_checkflow_run_resolves_the_same_way(field):
     variable = {"url": env.COORDINATOR, "job": env.JOB, "token": env.TOKEN}[field]
-    assert launcher_setting(field, "from-arg", {variable: "from-env"}) == "from-arg"
-    assert launcher_setting(field, None, {variable: "from-env"}) == "from-env"
+    arg, var = ("http://from-arg:1", "http://from-env:1") if field == "url" else ("a", "e")
+    assert launcher_setting(field, arg, {variable: var}) == arg
+    assert launcher_setting(field, None, {variable: var}) == var
     if field == "token":  # an empty variable is not a token
         assert launcher_setting(field, None, {variable: ""}) is None
     else:  # and not a URL or a job: the pair is incomplete, said with both ways to set it
