@@ -34,5 +34,8 @@ async def run_leases(coordinator: Coordinator) -> None:
             failing = False
         except Exception as e:
             if not failing:
-                logger.warning("job leases: %s; retrying every %.0f s", e, ownership.TAKEOVER_S)
+                why = str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__]
+                logger.warning(
+                    "job leases: %s; retrying every %.0f s", why[0], ownership.TAKEOVER_S
+                )
             failing = True

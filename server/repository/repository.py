@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from checkflow_server.domain.changes import Changes, EventKind
@@ -15,7 +14,7 @@ from checkflow_server.repository import migrate, rows
 from checkflow_server.repository.database import Database
 from checkflow_server.repository.leases import Leases
 from checkflow_server.repository.schema import checkpoints, events, jobs, parts, ranks
-from checkflow_server.repository.upsert import upsert
+from checkflow_server.repository.upsert import execute_rows, upsert
 from sqlalchemy.engine import Connection
 
 from checkflow.protocol import CheckpointStatus, EventPublic
@@ -176,13 +175,13 @@ class Repository:
     def _write_pending(self, conn: Connection) -> int:
         """The held heartbeat rows, with the fields' values now (the newest heartbeat)."""
         beats = [
-            _heartbeat(rows.heartbeat_row(job.id, job.ranks, r))
+            rows.heartbeat_row(job.id, job.ranks, r)
             for job, held in self._pending.values()
             for r in sorted(held)
             if r < job.world_size  # a resize since: the rank row is gone
         ]
         if beats:
-            conn.execute(_HEARTBEAT, beats)
+            _heartbeats(conn, beats)
         return len(beats)
 
     @staticmethod
@@ -192,25 +191,24 @@ class Repository:
         if changes.ranks_cleared:
             conn.execute(ranks.delete().where(ranks.c.job_id == job.id))
         if changes.heartbeats:
-            beats = [_heartbeat(rows.heartbeat_row(job.id, t, r)) for r in changes.heartbeats]
-            conn.execute(_HEARTBEAT, beats)
+            _heartbeats(conn, [rows.heartbeat_row(job.id, t, r) for r in changes.heartbeats])
         if changes.ranks:
             whole = [rows.rank_row(job.id, t, r) for r in changes.ranks]
-            conn.execute(upsert(conn, ranks), whole)
+            execute_rows(conn, upsert(conn, ranks), whole)
 
     @staticmethod
     def _save_checkpoints(conn: Connection, job: Job, changes: Changes) -> None:
         assert job.id is not None
         if changes.checkpoints:
             ckpts = [rows.checkpoint_row(job.id, ck) for ck in changes.checkpoints.values()]
-            conn.execute(upsert(conn, checkpoints), ckpts)
+            execute_rows(conn, upsert(conn, checkpoints), ckpts)
         for step in changes.parts_cleared:
             conn.execute(parts.delete().where(parts.c.job_id == job.id, parts.c.step == step))
         if changes.parts:
             reported = [rows.part_row(job.id, step, part) for step, part in changes.parts]
-            conn.execute(upsert(conn, parts), reported)
+            execute_rows(conn, upsert(conn, parts), reported)
         if changes.events:
-            conn.execute(events.insert(), [rows.event_row(job.id, e) for e in changes.events])
+            execute_rows(conn, _EVENT, [rows.event_row(job.id, e) for e in changes.events])
 
 
 def _only_heartbeats(c: Changes) -> bool:
@@ -227,16 +225,18 @@ def _only_heartbeats(c: Changes) -> bool:
     )
 
 
-_KEYS = (*rows.HEARTBEAT_COLUMNS, "b_job_id", "b_rank")
-
-
-def _heartbeat(values: Sequence[object]) -> dict[str, Any]:
-    return dict(zip(_KEYS, values, strict=True))
-
-
 _HEARTBEAT = (
     ranks.update()
     .where(ranks.c.job_id == sa.bindparam("b_job_id"), ranks.c.rank == sa.bindparam("b_rank"))
     .values({c: sa.bindparam(c) for c in rows.HEARTBEAT_COLUMNS})
 )
 """One rank's heartbeat fields (:data:`rows.HEARTBEAT_COLUMNS`), run for many at once."""
+
+_EVENT = events.insert()
+
+_KEYS = (*rows.HEARTBEAT_COLUMNS, "b_job_id", "b_rank")
+
+
+def _heartbeats(conn: Connection, beats: Sequence[Sequence[object]]) -> None:
+    """:data:`_HEARTBEAT` for many ranks (``rows.heartbeat_row`` tuples)."""
+    execute_rows(conn, _HEARTBEAT, [dict(zip(_KEYS, b, strict=True)) for b in beats])

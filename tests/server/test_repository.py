@@ -268,3 +268,33 @@ def test_two_coordinators_migrating_one_empty_database_at_once_both_start(
 def test_a_postgresql_url_without_a_database_name_is_refused() -> None:
     with pytest.raises(ValueError, match="needs a database name"):
         engine_url("postgresql://u@127.0.0.1:5432")
+
+
+def test_a_replica_that_lost_the_lease_writes_nothing_of_the_job(db_target: str) -> None:
+    # Two replicas' repositories on one database: a creates the job (its lease, epoch 1);
+    # the lease runs out, b takes it (epoch 2); a's next write is refused whole.
+    from checkflow_server.repository.leases import LeaseLost
+
+    a = Repository(db_target, owner="http://a:1")
+    b = Repository(db_target, owner="http://b:1")
+    assert a.leases is not None and b.leases is not None
+    job = play(a)
+    assert a.leases.takeable() == [] and b.leases.takeable() == []  # a's lease is live
+    with _engine(db_target).begin() as conn:
+        conn.execute(sa.text("UPDATE job_leases SET expires = 0"))
+    [(job_id, lease)] = b.leases.takeable()
+    assert lease is not None and (job_id, lease.owner, lease.epoch) == (job.id, "http://a:1", 1)
+    assert b.leases.claim(job_id, lease) and not a.leases.claim(job_id, lease)  # one wins
+    before = _stored_heartbeats(db_target)
+    with pytest.raises(LeaseLost):
+        a.save(job, ranks.rank_heartbeat(job, 0, Heartbeat(generation=1, step=99), 9.0)[1])
+    with pytest.raises(LeaseLost):
+        a.save(job, jobs.recover(job, RecoverRequest(), 9.5)[1])
+    assert _stored_heartbeats(db_target) == before
+    assert [e.kind for e in b.events(job)][-1] == "interval_changed"  # no rollback stored
+    assert a.leases.renew() == set() and b.leases.renew() == set()
+    assert b.leases.epochs == {job_id: 2} and a.leases.epochs == {}
+    (loaded,) = b.load_jobs([job_id])
+    assert loaded.generation == 1
+    a.close()
+    b.close()
