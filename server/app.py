@@ -19,8 +19,10 @@ from checkflow_server.api.routes import checkpoints, health, jobs, ranks, tokens
 from checkflow_server.api.strict_json import encodable
 from checkflow_server.dashboard import routes as dashboard
 from checkflow_server.detector import run_detector
-from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.domain import ownership
+from checkflow_server.domain.errors import Conflict, Elsewhere, NotFound, Unavailable
 from checkflow_server.flush import run_heartbeat_flush
+from checkflow_server.leasing import run_leases
 from checkflow_server.repository import Repository
 from checkflow_server.repository.tokens import JobTokens
 from checkflow_server.service import Coordinator
@@ -31,6 +33,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from checkflow.protocol import ErrorBody, paths
@@ -47,14 +50,19 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """The coordinator app, its state loaded from ``settings.db``.
+    """The coordinator app, its state loaded from ``settings.db`` (migrated first).
 
-    Run it with exactly one worker process: the state is held in memory and written
-    through to SQLite, so two processes would disagree.
+    Each process runs one worker: the state it serves is held in memory. On SQLite that is
+    every job, so one process per database. On PostgreSQL several processes (replicas) may
+    share the database: each serves the jobs it leases (``domain/ownership.py``).
     """
     settings = settings or Settings()
+    owner = settings.advertised() if settings.replicated else None
+    repository = Repository(
+        settings.db, batch_heartbeats=settings.heartbeat_flush_s > 0, owner=owner
+    )
     coordinator = Coordinator(
-        Repository(settings.db, batch_heartbeats=settings.heartbeat_flush_s > 0),
+        repository,
         warmup_interval=settings.warmup_interval,
         hang_timeout_s=settings.hang_timeout_s,
     )
@@ -73,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.coordinator = coordinator
-    app.state.tokens = JobTokens(coordinator.repository.db)
+    app.state.tokens = JobTokens(repository.db, shared=settings.replicated)
     keys = auth.Keys(admin=settings.token, job_of=app.state.tokens.job_of)
     app.state.keys = keys
     app.state.background = background
@@ -115,6 +123,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.heartbeat_flush_s > 0:
         flush = run_heartbeat_flush(coordinator.repository, settings.heartbeat_flush_s)
         background.add(asyncio.create_task(flush))
+    if coordinator.leases is not None:
+        background.add(asyncio.create_task(run_leases(coordinator)))
     for name in list(coordinator.jobs):
         app.state.storage_sync.schedule(name)
     # Everything loaded so far lives as long as the process: keep the collector off it,
@@ -142,6 +152,26 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(NotFound, error(404))
     app.add_exception_handler(Conflict, error(409))
+
+    async def elsewhere(request: Request, exc: Exception) -> Response:
+        # 307, not 302/303: the client repeats the same method with the same body there.
+        assert isinstance(exc, Elsewhere)
+        target = ownership.location(exc.url, request.url.path, request.url.query)
+        body = {"detail": f"served by another replica: {exc.url}"}
+        return JSONResponse(body, 307, headers={"location": target})
+
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"detail": str(exc)}, 503, headers={"retry-after": "1"})
+
+    async def database_error(request: Request, exc: Exception) -> Response:
+        # A statement outside the rules' path (a token issued, a list) that failed: the
+        # database is unreachable or refused it; the client retries, as after a 503.
+        logger.warning("database error on %s %s: %s", request.method, request.url.path, exc)
+        return await unavailable(request, Unavailable("the coordinator's database is unavailable"))
+
+    app.add_exception_handler(Elsewhere, elsewhere)
+    app.add_exception_handler(Unavailable, unavailable)
+    app.add_exception_handler(SQLAlchemyError, database_error)
 
     async def validation(request: Request, exc: Exception) -> JSONResponse:
         # Admission (api/admission.py) answered 401 already when the token is wrong, so a

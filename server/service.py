@@ -2,24 +2,33 @@
 
 Every operation is ``decide -> persist -> metrics``: the rule (:mod:`.domain`) checks the
 whole input first and refuses (404, 409) before changing anything, so a refused request
-has no effect at all; what it changed is written in one SQLite transaction. Everything runs
-on the event loop; nothing blocks on more than a small local SQLite write.
+has no effect at all; what it changed is written in one transaction. Everything runs on
+the event loop; nothing blocks on more than one small write.
+
+With several replicas (PostgreSQL), ``jobs`` holds only the jobs this replica leases
+(``domain/ownership.py``): a request for another job takes it over when its lease ran
+out, or is refused with :class:`Elsewhere` (the API's 307 to the owner). A write the lease
+fence refuses, or one the database could not take, drops the job from memory (it is
+reloaded from the database when next needed): memory never runs ahead of what is stored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from checkflow_server.domain import checkpoints, jobs, ranks, tuning, views
+from checkflow_server.domain import checkpoints, jobs, ownership, ranks, tuning, views
 from checkflow_server.domain.changes import Changes, EventKind
-from checkflow_server.domain.errors import NotFound, StaleGeneration
+from checkflow_server.domain.errors import Elsewhere, NotFound, StaleGeneration, Unavailable
 from checkflow_server.domain.generation import short_list
 from checkflow_server.domain.state import Job
 from checkflow_server.metrics import Metrics, job_gauges
 from checkflow_server.repository import Repository
+from checkflow_server.repository.leases import LeaseLost
+from sqlalchemy.exc import SQLAlchemyError
 
 from checkflow.protocol import (
     CheckpointList,
@@ -53,6 +62,7 @@ from checkflow.protocol import (
 logger = logging.getLogger(__name__)
 
 Reply = TypeVar("Reply")
+T = TypeVar("T")
 
 
 class Coordinator:
@@ -67,6 +77,8 @@ class Coordinator:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.repository = repository
+        self.leases = repository.leases
+        """This replica's leases; None: it serves every job (one process, SQLite)."""
         self.warmup_interval = warmup_interval
         self.hang_timeout_s = hang_timeout_s
         """Hang timeout of jobs that set none; None: derived from their step times."""
@@ -76,11 +88,15 @@ class Coordinator:
         self._warned_commit: set[str] = set()
 
     def load(self) -> None:
-        """Rebuild memory from the database; every alive rank gets a fresh grace period."""
-        now = self.clock()
-        for job in self.repository.load_jobs():
-            ranks.restarted(job, now)
-            self.jobs[job.name] = job
+        """Rebuild memory from the database; every alive rank gets a fresh grace period.
+        With leases: only the jobs this replica may take now (``take_over``)."""
+        if self.leases is not None:
+            self.take_over()
+        else:
+            now = self.clock()
+            for job in self.repository.load_jobs():
+                ranks.restarted(job, now)
+                self.jobs[job.name] = job
         self.metrics.checkpoints_committed = sum(
             1
             for j in self.jobs.values()
@@ -90,15 +106,84 @@ class Coordinator:
         logger.info("coordinator state loaded: %d jobs", len(self.jobs))
 
     def job(self, name: str) -> Job:
+        """The job named ``name`` as held here: taken over now when its lease allows it;
+        ``Elsewhere`` when another replica serves it."""
         job = self.jobs.get(name)
-        if job is None:
+        if job is not None:
+            return job
+        if self.leases is not None:
+            for _ in range(2):  # a second look when another replica won the race to take it
+                found = self._database(lambda: self._find(name))
+                if found is not None:
+                    return found
+        raise NotFound(f"job {name!r} not found")
+
+    def _find(self, name: str) -> Job | None:
+        assert self.leases is not None
+        found = self.leases.lookup(name)
+        if found is None:
             raise NotFound(f"job {name!r} not found")
+        job_id, lease, now = found
+        if ownership.route(lease, self.leases.owner, now) == ownership.Route.REDIRECT:
+            assert lease is not None
+            raise Elsewhere(lease.owner)
+        return self._take(job_id, lease)
+
+    # --- leases (several replicas) ------------------------------------------------------
+    def take_over(self) -> int:
+        """Take every job whose lease ran out (or is this replica's from before a restart)
+        and load it: its ranks get a fresh grace period, and the detector watches them
+        from now on. How many."""
+        assert self.leases is not None
+        taken = 0
+        for job_id, lease in self.leases.takeable():
+            taken += self._take(job_id, lease) is not None
+        return taken
+
+    def _take(self, job_id: int, lease: ownership.Lease | None) -> Job | None:
+        assert self.leases is not None
+        if not self.leases.claim(job_id, lease):
+            return None  # another replica was first
+        [job] = self.repository.load_jobs([job_id])
+        ranks.restarted(job, self.clock())
+        self.jobs[job.name] = job
+        epoch = self.leases.epochs.get(job_id)
+        logger.info("job %s: served here from now on (lease epoch %s)", job.name, epoch)
         return job
+
+    def renew(self) -> int:
+        """Renew this replica's leases; drop the jobs it turned out to have lost. How many."""
+        assert self.leases is not None
+        lost = self.leases.renew()
+        for job in [j for j in self.jobs.values() if j.id in lost]:
+            logger.warning("job %s: its lease was taken by another replica", job.name)
+            self._drop(job)
+        return len(lost)
+
+    def _drop(self, job: Job) -> None:
+        self.jobs.pop(job.name, None)
+        self.repository.forget(job)
+        if self.leases is not None:
+            self.leases.release(job.id)
+
+    def _me(self) -> str | None:
+        return self.leases.owner if self.leases is not None else None
+
+    def _database(self, read: Callable[[], T]) -> T:
+        """``read()``, with a database that cannot be reached as ``Unavailable`` (503)."""
+        try:
+            return read()
+        except SQLAlchemyError as e:
+            raise Unavailable(f"the coordinator's database is unavailable: {_why(e)}") from e
 
     # --- jobs ---------------------------------------------------------------------------
     def create_job(self, body: JobCreate) -> tuple[JobPublic, bool]:
         """The job named ``body.name``: created now (True) or the existing one (False)."""
         existing = self.jobs.get(body.name)
+        if existing is None and self.leases is not None:
+            # Stored by another replica: taken over here, or Elsewhere (307 to its owner).
+            with contextlib.suppress(NotFound):
+                existing = self.job(body.name)
         if existing is not None:
             changes = jobs.reopen_job(existing, body, self.clock(), self.warmup_interval)
             self._save(existing, changes)
@@ -112,7 +197,13 @@ class Coordinator:
         return views.job_public(self.job(name))
 
     def list_jobs(self) -> JobList:
-        return JobList(jobs=[views.job_public(j) for j in self.jobs.values()])
+        """Every job: those served here from memory, the others as stored."""
+        found = list(self.jobs.values())
+        if self.leases is not None:
+            stored = self._database(self.repository.load_jobs)
+            found += [j for j in stored if j.name not in self.jobs]
+            found.sort(key=lambda j: j.id)
+        return JobList(jobs=[views.job_public(j) for j in found])
 
     def restore_point(self, name: str) -> RestorePoint:
         return views.restore_point(self.job(name))
@@ -127,7 +218,9 @@ class Coordinator:
 
     def events(self, name: str, *, after: int, limit: int, kinds: Iterable[str] = ()) -> EventList:
         job = self.job(name)
-        found = self.repository.events(job, after=after, limit=limit, kinds=kinds)
+        found = self._database(
+            lambda: self.repository.events(job, after=after, limit=limit, kinds=kinds)
+        )
         return EventList(events=found)
 
     # --- ranks --------------------------------------------------------------------------
@@ -209,14 +302,20 @@ class Coordinator:
         found = 0
         for job in list(self.jobs.values()):
             changes = ranks.detect(job, now, self.hang_timeout_s)
-            self._save(job, changes)
+            try:
+                self._save(job, changes)
+            except (Elsewhere, Unavailable):
+                continue  # dropped: its new owner (or this one, reloaded) decides again
             found += sum(1 for e in changes.events if e.kind == EventKind.RANK_FAILED)
         return found
 
     def retune(self) -> None:
         """Recompute every job's checkpoint interval from its ranks' latest reports."""
-        for job in self.jobs.values():
-            self._save(job, tuning.retune(job, self.clock()))
+        for job in list(self.jobs.values()):
+            try:
+                self._save(job, tuning.retune(job, self.clock()))
+            except (Elsewhere, Unavailable):
+                continue
 
     def health(self) -> Health:
         return Health(status="ok", jobs=len(self.jobs))
@@ -231,9 +330,28 @@ class Coordinator:
         return reply
 
     def _save(self, job: Job, changes: Changes) -> None:
-        self.repository.save(job, changes)
+        try:
+            self.repository.save(job, changes)
+        except LeaseLost:
+            self._drop(job)
+            found = self._database(lambda: self.leases.lookup(job.name) if self.leases else None)
+            lease = found[1] if found is not None else None
+            if lease is None or lease.owner == self._me():
+                raise Unavailable("the job changed hands: retry") from None
+            raise Elsewhere(lease.owner) from None
+        except SQLAlchemyError as e:
+            if self.leases is None:
+                raise  # one process: as before leases, the job stays as it is in memory
+            self._drop(job)
+            raise Unavailable(f"the coordinator's database is unavailable: {_why(e)}") from e
         self.metrics.observe(changes)
         _log(job, changes)
+
+
+def _why(e: SQLAlchemyError) -> str:
+    """The first line of a driver's error, without SQLAlchemy's statement and link."""
+    cause = getattr(e, "orig", None) or e
+    return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
 
 
 def _log(job: Job, changes: Changes) -> None:

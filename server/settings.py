@@ -28,8 +28,14 @@ class Settings(BaseSettings):
     """Interface to listen on."""
     port: int = Field(default=8470, ge=0, le=65535)
     """TCP port (0 picks a free one)."""
-    db: Path = Field(default_factory=default_db_path)
-    """SQLite database holding every job, rank, checkpoint and event."""
+    db: str = Field(default_factory=lambda: str(default_db_path()))
+    """Where every job, rank, checkpoint and event is kept: a path (SQLite, the default:
+    one process) or ``postgresql://USER@HOST:PORT/DBNAME`` (several replicas may serve
+    from one database; ``pip install 'checkflow[postgres]'``)."""
+    advertise_url: str | None = None
+    """How the other replicas and the clients reach this one (``http://HOST:PORT``): the
+    target of their 307 redirects to the jobs it serves. Default ``http://host:port``. Used
+    with a PostgreSQL ``db`` only."""
     token: str | None = None
     """Bearer token required on every ``/v1`` request; None disables auth (local use only)."""
     token_file: Path | None = None
@@ -76,6 +82,36 @@ class Settings(BaseSettings):
     login_refill_s: float = Field(default=6.0, gt=0, le=3600)
     """After the burst, one more ``/login`` try per this many seconds per address."""
 
+    @field_validator("db", mode="before")
+    @classmethod
+    def _db_as_text(cls, db: object) -> object:
+        return str(db) if isinstance(db, Path) else db
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _check_advertise_url(cls, url: str | None) -> str | None:
+        if url is not None and (problem := advertise_url_problem(url)) is not None:
+            raise ValueError(f"advertise_url {url!r}: {problem}")
+        return url.rstrip("/") if url is not None else None
+
+    @property
+    def replicated(self) -> bool:
+        """Whether jobs are held by lease among replicas (a PostgreSQL ``db``)."""
+        return self.db.startswith(("postgresql://", "postgres://", "postgresql+psycopg://"))
+
+    def advertised(self) -> str:
+        """This replica's URL as the others redirect to it."""
+        if self.advertise_url is not None:
+            return self.advertise_url
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @model_validator(mode="after")
+    def _need_a_reachable_url(self) -> Settings:
+        if self.replicated and self.advertise_url is None and self.port == 0:
+            raise ValueError("with a PostgreSQL db and port 0, give --advertise-url")
+        return self
+
     @field_validator("storage_allow")
     @classmethod
     def _check_storage_allow(cls, rules: list[str]) -> list[str]:
@@ -110,6 +146,23 @@ class Settings(BaseSettings):
                 "give --token-file PATH (or CHECKFLOW_TOKEN), or --insecure to allow it"
             )
         return self
+
+
+def advertise_url_problem(url: str) -> str | None:
+    """What is wrong with an ``--advertise-url`` (None: fine): it must be an http(s) origin,
+    ``SCHEME://HOST[:PORT]``, nothing else, since clients are sent there with their token."""
+    scheme, sep, rest = url.partition("://")
+    rest = rest.rstrip("/")
+    if scheme not in ("http", "https") or not sep:
+        return "give http://HOST:PORT or https://HOST:PORT"
+    if not rest or any(c in rest for c in "/?#@ \\") or not rest.isprintable():
+        return "only SCHEME://HOST[:PORT]: no path, query, user or spaces"
+    host, _, port = rest.rpartition(":") if not rest.endswith("]") else (rest, "", "")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        return f"bad port {port!r}"
+    if not (host or rest):
+        return "no host"
+    return None
 
 
 def is_loopback(host: str) -> bool:

@@ -26,6 +26,7 @@ _SETTINGS = (
     "host",
     "port",
     "db",
+    "advertise_url",
     "token",
     "token_file",
     "hang_timeout_s",
@@ -43,7 +44,18 @@ _SETTINGS = (
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (default 8470)")
-    parser.add_argument("--db", help="SQLite database (default: ~/.local/share/checkflow/...)")
+    parser.add_argument(
+        "--db",
+        help="a SQLite file (default: ~/.local/share/checkflow/...) or "
+        "postgresql://USER@HOST:PORT/DBNAME, which several replicas may share "
+        "(needs pip install 'checkflow[postgres]')",
+    )
+    parser.add_argument(
+        "--advertise-url",
+        metavar="URL",
+        help="with a PostgreSQL --db: this replica's URL, where the others redirect "
+        "requests for the jobs it serves (default http://HOST:PORT)",
+    )
     parser.add_argument(
         "--token-file",
         metavar="PATH",
@@ -114,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         import pydantic
         import uvicorn
         from checkflow_server.app import create_app
+        from checkflow_server.repository.database import shown
         from checkflow_server.settings import Settings
     except ImportError as e:
         raise CliError(
@@ -141,10 +154,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = create_app(settings)
     except Exception as e:  # e.g. an unreadable database: say what, not a traceback
-        raise CliError(f"cannot open {settings.db}: {e}", EXIT_FAILED) from e
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CliError(f"cannot open {shown(settings.db)}: {why}", EXIT_FAILED) from e
     line(
-        f"checkflow coordinator on http://{settings.host}:{settings.port} (db {settings.db}"
-        f"{', token required' if settings.token else ', no token'})"
+        f"checkflow coordinator on http://{settings.host}:{settings.port} (db "
+        f"{shown(settings.db)}{', token required' if settings.token else ', no token'}"
+        f"{', replica ' + settings.advertised() if settings.replicated else ''})"
     )
     # One worker: the state lives in this process. uvloop + httptools measured 1.6-2x the
     # throughput of asyncio + h11 for heartbeats.

@@ -19,7 +19,7 @@ from typing import Any
 
 from checkflow_server.api import auth
 from checkflow_server.api.admission import read_capped, replay
-from checkflow_server.domain.errors import Conflict, NotFound
+from checkflow_server.domain.errors import Conflict, Elsewhere, NotFound, Unavailable
 from checkflow_server.service import Coordinator
 from pydantic import BaseModel, ValidationError
 
@@ -123,5 +123,5 @@ class HeartbeatFastPath:
                 return None
             node = NodeHeartbeat.model_validate_json(body)
             return self.coordinator.node_heartbeat(job, who, node)
-        except (ValidationError, NotFound, Conflict):
+        except (ValidationError, NotFound, Conflict, Elsewhere, Unavailable):
             return None

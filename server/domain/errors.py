@@ -24,3 +24,15 @@ class StaleGeneration(Conflict):
     def __init__(self, message: str, changes: Changes) -> None:
         super().__init__(message)
         self.changes = changes
+
+
+class Elsewhere(LookupError):
+    """The job is served by another replica, at ``url`` (HTTP 307 there)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"the job is served by {url}")
+        self.url = url
+
+
+class Unavailable(RuntimeError):
+    """The database cannot be reached: nothing was written (HTTP 503; retry later)."""

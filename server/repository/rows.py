@@ -1,20 +1,22 @@
-"""The database schema and the mapping between rows and the domain's objects, in one place.
+"""The mapping between rows and the domain's objects, in one place.
 
-Adding a column means: its line in :data:`SCHEMA`, its key in the ``*_row`` function and
-its read in the ``*_from_row`` (or ``load_rank``) function below. SQL statements are built
-from the rows' keys, so no other list of columns exists.
+Adding a column means: a migration (``migrations/versions``), its line in
+:mod:`.schema`, its key in the ``*_row`` function and its read in the ``*_from_row`` (or
+``load_rank``) function below. Statements are built from the rows' keys, so no other list
+of columns exists.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from checkflow_server.domain import lifecycle
 from checkflow_server.domain.changes import Event, EventKind
 from checkflow_server.domain.state import UNKNOWN, Checkpoint, Job, Part, RankTable, Recovery
 from checkflow_server.domain.views import measured
+from sqlalchemy import RowMapping
 
 from checkflow.protocol import (
     CheckpointKind,
@@ -26,50 +28,8 @@ from checkflow.protocol import (
     Schedule,
 )
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, storage_uri TEXT,
-    world_size INTEGER NOT NULL, max_overhead REAL NOT NULL, heartbeat_timeout_s REAL NOT NULL,
-    created REAL NOT NULL, generation INTEGER NOT NULL, generation_started REAL NOT NULL,
-    recovering_since REAL, interval INTEGER NOT NULL, anchor INTEGER NOT NULL,
-    max_step INTEGER NOT NULL, failures INTEGER NOT NULL, hang_timeout_s REAL,
-    interval_mode TEXT, state TEXT, rollback_step INTEGER
-);
-CREATE TABLE IF NOT EXISTS ranks (
-    job_id INTEGER NOT NULL, rank INTEGER NOT NULL, generation INTEGER NOT NULL,
-    state TEXT NOT NULL, instance TEXT, node TEXT, registered_at REAL, last_heartbeat REAL,
-    step INTEGER, iteration_s REAL, stall_s REAL, persist_s REAL,
-    PRIMARY KEY (job_id, rank)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS checkpoints (
-    job_id INTEGER NOT NULL, step INTEGER NOT NULL, generation INTEGER NOT NULL,
-    status TEXT NOT NULL, started REAL NOT NULL, committed_at REAL, committer INTEGER,
-    nbytes INTEGER NOT NULL, source TEXT NOT NULL, persisted INTEGER NOT NULL, kind TEXT,
-    PRIMARY KEY (job_id, step)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS parts (
-    job_id INTEGER NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL,
-    nbytes INTEGER NOT NULL, duration_s REAL NOT NULL, manifest_path TEXT NOT NULL,
-    reported_at REAL NOT NULL,
-    PRIMARY KEY (job_id, step, rank)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, time REAL NOT NULL,
-    kind TEXT NOT NULL, generation INTEGER NOT NULL, rank INTEGER, detail TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, id);
-"""
-
-ADDED_COLUMNS = (
-    ("jobs", "hang_timeout_s", "REAL"),
-    ("checkpoints", "kind", "TEXT"),
-    ("jobs", "interval_mode", "TEXT"),
-    ("jobs", "state", "TEXT"),
-    ("jobs", "rollback_step", "INTEGER"),
-)
-"""Columns added since the first schema: (table, column, type). A database written by an
-older coordinator gets them (``ALTER TABLE ... ADD COLUMN``, NULL in existing rows). Its
-``prev_interval``/``prev_anchor`` columns are no longer written (NULL in new rows)."""
+Row = RowMapping
+"""A row as the repository reads it."""
 
 HEARTBEAT_COLUMNS = ("last_heartbeat", "step", "iteration_s", "stall_s", "persist_s", "node")
 """The rank columns a heartbeat changes: the hot path updates only these, with the values
@@ -101,7 +61,7 @@ def job_row(job: Job) -> dict[str, Any]:
     }
 
 
-def job_from_row(row: sqlite3.Row) -> Job:
+def job_from_row(row: Row) -> Job:
     # An older coordinator's row has no mode: it tuned every job, so it is every="auto".
     mode = row["interval_mode"] or IntervalMode.WARMUP
     schedule = Schedule(anchor=row["anchor"], interval=row["interval"], mode=mode)
@@ -125,7 +85,7 @@ def job_from_row(row: sqlite3.Row) -> Job:
     )
 
 
-def recovery_from_events(job: Job, events: list[sqlite3.Row]) -> Recovery | None:
+def recovery_from_events(job: Job, events: Sequence[Row]) -> Recovery | None:
     """The recovery still pending in the job's current generation, from its
     ``generation_started`` and ``trained_again`` events (oldest first): the recovery
     is not a column of its own because these events already say everything about it."""
@@ -173,7 +133,7 @@ def heartbeat_row(job_id: int, t: RankTable, rank: int) -> tuple[object, ...]:
     )
 
 
-def load_rank(t: RankTable, row: sqlite3.Row) -> None:
+def load_rank(t: RankTable, row: Row) -> None:
     r = row["rank"]
     t.generation[r] = row["generation"]
     t.state[r] = RankState(row["state"])
@@ -204,7 +164,7 @@ def checkpoint_row(job_id: int, ck: Checkpoint) -> dict[str, Any]:
     }
 
 
-def checkpoint_from_row(row: sqlite3.Row) -> Checkpoint:
+def checkpoint_from_row(row: Row) -> Checkpoint:
     return Checkpoint(
         step=row["step"],
         generation=row["generation"],
@@ -231,7 +191,7 @@ def part_row(job_id: int, step: int, part: Part) -> dict[str, Any]:
     }
 
 
-def part_from_row(row: sqlite3.Row) -> Part:
+def part_from_row(row: Row) -> Part:
     return Part(
         rank=row["rank"],
         nbytes=row["nbytes"],
@@ -253,7 +213,7 @@ def event_row(job_id: int, event: Event) -> dict[str, Any]:
     }
 
 
-def event_from_row(row: sqlite3.Row) -> EventPublic:
+def event_from_row(row: Row) -> EventPublic:
     return EventPublic(
         id=row["id"],
         time=row["time"],

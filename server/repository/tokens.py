@@ -13,15 +13,10 @@ import hashlib
 import secrets
 import time
 
+import sqlalchemy as sa
 from checkflow_server.repository.database import Database
+from checkflow_server.repository.schema import job_tokens
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS job_tokens (
-    digest TEXT PRIMARY KEY,
-    job TEXT NOT NULL,
-    created REAL NOT NULL
-);
-"""
 PREFIX = "cfj_"
 """Every job token starts with this: a log or a secret scanner can tell one at a glance."""
 
@@ -34,10 +29,14 @@ def digest(token: str) -> str:
 class JobTokens:
     """The job tokens of a coordinator, written through to ``db``."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, shared: bool = False) -> None:
+        """``shared``: other replicas issue tokens into the same database, so a digest not
+        known here is looked up there once (and remembered when found)."""
         self.db = db
-        db.conn.executescript(SCHEMA)
-        self._jobs = {r["digest"]: r["job"] for r in db.conn.execute("SELECT * FROM job_tokens")}
+        self.shared = shared
+        with db.transaction() as conn:
+            found = conn.execute(sa.select(job_tokens.c.digest, job_tokens.c.job))
+            self._jobs = {str(r.digest): str(r.job) for r in found}
         """digest -> job name."""
 
     def issue(self, job: str) -> str:
@@ -45,7 +44,7 @@ class JobTokens:
         token = PREFIX + secrets.token_urlsafe(32)
         key = digest(token)
         with self.db.transaction() as conn:
-            conn.execute("INSERT INTO job_tokens VALUES (?, ?, ?)", (key, job, time.time()))
+            conn.execute(job_tokens.insert().values(digest=key, job=job, created=time.time()))
         self._jobs[key] = job
         return token
 
@@ -58,4 +57,21 @@ class JobTokens:
         """
         if not token.startswith(PREFIX):
             return None
-        return self._jobs.get(digest(token))
+        key = digest(token)
+        job = self._jobs.get(key)
+        if job is None and self.shared:
+            job = self._issued_elsewhere(key)
+        return job
+
+    def _issued_elsewhere(self, key: str) -> str | None:
+        """The job of a digest another replica issued; None: no such token (or the
+        database is unreachable, which then refuses the request as a wrong token would)."""
+        try:
+            with self.db.transaction() as conn:
+                query = sa.select(job_tokens.c.job).where(job_tokens.c.digest == key)
+                found = conn.execute(query).scalar()
+        except sa.exc.SQLAlchemyError:
+            return None
+        if found is not None:
+            self._jobs[key] = str(found)
+        return None if found is None else str(found)

@@ -13,6 +13,33 @@ from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
 
 from tests.support.coordinator import AUTH, TOKEN, ServerProcess, served
+from tests.support.postgres import Cluster, remove_cluster, start_cluster
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Cluster]:
+    """A real PostgreSQL for the session (``tests/support/postgres.py``), started on first
+    use and stopped at the end."""
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        remove_cluster(cluster)
+
+
+@pytest.fixture
+def pg_url(postgres_cluster: Cluster) -> str:
+    """A new, empty PostgreSQL database of this test: ``postgresql://...``."""
+    return postgres_cluster.new_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The coordinator's ``--db`` on each backend: a SQLite path, then a PostgreSQL URL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "c.db")
+    cluster: Cluster = request.getfixturevalue("postgres_cluster")
+    return cluster.new_database()
 
 
 @pytest.fixture

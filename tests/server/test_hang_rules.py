@@ -210,7 +210,7 @@ def test_a_pending_recovery_survives_a_coordinator_restart(tmp_path: Path) -> No
 def test_a_database_of_an_older_coordinator_gets_the_new_column(tmp_path: Path) -> None:
     import sqlite3
 
-    from checkflow_server.repository import rows
+    from tests.support.old_schema import PRE_ALEMBIC_SCHEMA
 
     # The first coordinator's jobs table: no hang_timeout_s nor interval_mode yet, and the
     # prev_interval/prev_anchor columns that are no longer written.
@@ -222,7 +222,7 @@ def test_a_database_of_an_older_coordinator_gets_the_new_column(tmp_path: Path) 
         anchor INTEGER NOT NULL, prev_interval INTEGER, prev_anchor INTEGER,
         max_step INTEGER NOT NULL, failures INTEGER NOT NULL);"""
     conn = sqlite3.connect(tmp_path / "old.db")
-    conn.executescript(old + rows.SCHEMA)  # the other tables as they are
+    conn.executescript(old + PRE_ALEMBIC_SCHEMA)  # the other tables as they are
     conn.execute(
         "INSERT INTO jobs VALUES (1, 'j', NULL, 1, 0.035, 10, 0, 1, 0, NULL, 10, 10, NULL, NULL,"
         " 0, 0)"
