@@ -23,6 +23,8 @@ Fixtures:
     juicefs_volume: ``(meta URL, folder)`` of a JuiceFS volume for the session.
     juicefs_gateway: a :class:`~tests.support.juicefs.Gateway` serving it as S3 (MinIO's
         gateway code: a second S3 implementation beside moto), started on first use.
+    postgres_cluster: a :class:`~tests.support.postgres.Cluster` for the session (Debian's
+        PostgreSQL); ``postgres_cluster.new_database()`` is an empty database's URL.
 The helpers behind them (``s3_options``, ``S3Location``, ``FaultyS3Proxy``, ``free_port``…)
 are in the ``tests.support`` package: import them from there, never from this file.
 """
@@ -38,6 +40,7 @@ import pytest
 
 from tests.support.juicefs import Gateway, format_volume, start_gateway
 from tests.support.moto_server import start_moto
+from tests.support.postgres import Cluster, remove_cluster, start_cluster
 from tests.support.s3 import (
     FaultyS3Proxy,
     S3Location,
@@ -120,3 +123,14 @@ def juicefs_gateway(juicefs_volume: tuple[str, Path]) -> Iterator[Gateway]:
         yield gateway
     finally:
         gateway.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Cluster]:
+    """A real PostgreSQL for the session, the coordinator replicas' database
+    (``tests/support/postgres.py``): started on first use, stopped at the end."""
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        remove_cluster(cluster)

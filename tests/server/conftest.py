@@ -13,18 +13,7 @@ from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
 
 from tests.support.coordinator import AUTH, TOKEN, ServerProcess, served
-from tests.support.postgres import Cluster, remove_cluster, start_cluster
-
-
-@pytest.fixture(scope="session")
-def postgres_cluster() -> Iterator[Cluster]:
-    """A real PostgreSQL for the session (``tests/support/postgres.py``), started on first
-    use and stopped at the end."""
-    cluster = start_cluster()
-    try:
-        yield cluster
-    finally:
-        remove_cluster(cluster)
+from tests.support.postgres import Cluster
 
 
 @pytest.fixture
