@@ -9,12 +9,25 @@ last heartbeat to its ``rank_failed`` event; must be <= timeout + 1 s).
 
     .venv/bin/python benchmarks/coordinator.py                      # all scenarios, 20 s each
     .venv/bin/python benchmarks/coordinator.py --duration 10 --scenarios node4096,rank2048
+
+Issue 33's scenarios (each in its own module):
+
+- ``fleet100k`` (``_coordinator_fleet.py``): 12,500 node agents of 8 ranks, one replica,
+  one or more generator processes (``--load-procs``, ``--pin``), ``--repeats`` windows:
+      .venv/bin/python benchmarks/coordinator.py --scenarios fleet100k --pin
+- ``failover``, ``jobs1000`` (``_coordinator_failover.py``): 2 replicas on PostgreSQL
+  (``--db postgresql://...``, else a throwaway cluster from ``_postgres.py``), the owner
+  SIGKILLed, the time until the new owner detects a silent rank. They need the server side
+  of issue 33 and say so in one line (exit 2) on a server without it.
+
+``--db`` is handed to every ``checkflow serve`` (default: a fresh SQLite file per run).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import math
@@ -30,6 +43,13 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ is not a package
+from _coordinator_failover import (  # noqa: E402
+    FAILOVER_SCENARIOS,
+    FailoverResult,
+    MissingServerSupport,
+    print_failover,
+    run_failover,
+)
 from _coordinator_fleet import FLEET, Fleet, FleetResult, print_fleet, run_fleet, server_cpus  # noqa: E402
 from _coordinator_net import (  # noqa: E402
     TOKEN,
@@ -247,6 +267,21 @@ def run_fleets(args: argparse.Namespace) -> list[FleetResult]:
     return results
 
 
+def run_failovers(keys: list[str], db: str | None) -> list[FailoverResult]:
+    """The failover scenarios against ``db``, or a throwaway PostgreSQL when none."""
+    from _postgres import throwaway_postgres
+
+    with contextlib.ExitStack() as stack:
+        url = db or stack.enter_context(throwaway_postgres({"max_connections": "300"}))
+        results = []
+        for key in keys:
+            sc = FAILOVER_SCENARIOS[key]
+            print(f"running: {sc.name}, owner SIGKILLed ...", flush=True)
+            results.append(run_failover(sc, url))
+            print_failover(results[-1:])
+        return results
+
+
 def print_table(results: list[Result]) -> None:
     head = [
         "scenario",
@@ -293,7 +328,11 @@ def print_table(results: list[Result]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per scenario")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help=",".join([*SCENARIOS, FLEET]))
+    p.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=",".join([*SCENARIOS, FLEET, *FAILOVER_SCENARIOS]),
+    )
     p.add_argument("--db", help="the server's --db (default: a fresh SQLite file per run); "
                    "a postgresql:// URL where the server supports it")  # fmt: skip
     fleet = p.add_argument_group(f"{FLEET}: node agents of a 100k-GPU job")
@@ -304,9 +343,18 @@ def main() -> int:
     fleet.add_argument("--repeats", type=int, default=3, help="measured windows per fleet")
     args = p.parse_args()
     gc.disable()  # the load generator must not pause; it runs for a minute at most
-    results, fleets = [], []
+    results, fleets, failovers = [], [], []
     load_before = os.getloadavg()[0]
-    for key in args.scenarios.split(","):
+    keys = args.scenarios.split(",")
+    unknown = [k for k in keys if k not in {*SCENARIOS, FLEET, *FAILOVER_SCENARIOS}]
+    if unknown:
+        p.error(f"unknown scenario {unknown[0]!r}")
+    try:
+        failovers = run_failovers([k for k in keys if k in FAILOVER_SCENARIOS], args.db)
+    except MissingServerSupport as e:
+        print(f"coordinator.py: {e}", file=sys.stderr)
+        return 2
+    for key in (k for k in keys if k not in FAILOVER_SCENARIOS):
         if key == FLEET:
             fleets = run_fleets(args)
             continue
@@ -321,6 +369,8 @@ def main() -> int:
         print_table(results)
     if fleets:
         print_fleet(fleets, summary=True)
+    if failovers:
+        print_failover(failovers)
     return 0
 
 
