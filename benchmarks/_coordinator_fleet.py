@@ -39,10 +39,12 @@ INTERVAL_S = 1.0
 """The clients' default heartbeat interval (``CoordinatorClient(heartbeat_interval_s=1.0)``)."""
 TIMEOUT_S = 10.0
 """The clients' default heartbeat timeout (``CoordinatorClient(heartbeat_timeout_s=10.0)``)."""
-SETUP_INTERVAL_S = 6.0
+SETUP_INTERVAL_S = 4.0
 """Heartbeat interval of the nodes already registered while the others register: within
-the 10 s timeout with room for a queue. uvicorn closes a connection idle for 5 s, so such
-a beat goes out again on a new connection (``_send``)."""
+the 10 s timeout, and within uvicorn's 5 s keep-alive (at 6 s every node reconnected on
+each beat, and the reconnects overflowed the server's accept queue)."""
+REQUEST_TIMEOUT_S = 15.0
+"""A reply later than this is given up on (the timeout is 10 s: the ranks were lost anyway)."""
 STATUS = '"iteration_s":1.0,"stall_s":0.01,"persist_s":0.5'
 
 
@@ -110,13 +112,16 @@ async def _agents(k: int, fleet: Fleet, port: int, job: str, shared: Any) -> dic
     rec = {name: array.array("d") for name in ("sent", "lat", "late", "ok", "lag_at", "lag")}
 
     async def node(i: int) -> None:
-        conn = await connect(port)
+        conn = await _reconnect(port)
         path = f"/v1/jobs/{job}/nodes/node-{i:05d}/heartbeat"
         async with gate:
             for r in range(i * GPUS_PER_NODE, (i + 1) * GPUS_PER_NODE):
-                code, _ = await conn.request("POST", f"/v1/jobs/{job}/ranks/{r}/register", b"{}")
+                # An instance id: a registration sent again after a timeout is a retry,
+                # not a restarted rank (which would fail the job's generation).
+                body = f'{{"instance":"n{i}-r{r}","node":"node-{i:05d}"}}'.encode()
+                code, conn = await _send(conn, port, f"/v1/jobs/{job}/ranks/{r}/register", body)
                 assert code == 200, code
-            code, _ = await conn.request("POST", path, node_body(i, 0))
+            code, conn = await _send(conn, port, path, node_body(i, 0))
             assert code == 200, code
         with registered.get_lock():
             registered.value += 1
@@ -151,17 +156,30 @@ async def _agents(k: int, fleet: Fleet, port: int, job: str, shared: Any) -> dic
 
 
 async def _send(conn: HttpConn, port: int, path: str, body: bytes) -> tuple[int, HttpConn]:
-    """POST ``body``; on a connection the server closed meanwhile, once more on a new one
-    (an agent would too). A second failure is status 0."""
+    """POST ``body``; on a connection the server closed meanwhile, or no reply within
+    ``REQUEST_TIMEOUT_S``, once more on a new one (an agent would too). A second failure
+    is status 0. Without the timeout, a connection the server's full accept queue dropped
+    after the client saw it open waited for good (and the run with it)."""
     for attempt in range(2):
         try:
-            code, _ = await conn.request("POST", path, body)
+            code, _ = await asyncio.wait_for(conn.request("POST", path, body), REQUEST_TIMEOUT_S)
             return code, conn
-        except ConnectionError:
+        except (ConnectionError, TimeoutError):
             conn.close()
             if attempt == 0:
-                conn = await connect(port)
+                conn = await _reconnect(port)
     return 0, conn
+
+
+async def _reconnect(port: int) -> HttpConn:
+    """A new connection; a refused or timed-out connect is tried again for up to a minute
+    (a full accept queue drops connects until the server catches up)."""
+    for _ in range(60):
+        try:
+            return await connect(port)
+        except OSError:
+            await asyncio.sleep(1.0)
+    return await connect(port)
 
 
 def _generator_main(k: int, fleet: Fleet, port: int, job: str, shared: Any, queue: Any) -> None:
