@@ -112,9 +112,11 @@ async def _agents(k: int, fleet: Fleet, port: int, job: str, shared: Any) -> dic
     rec = {name: array.array("d") for name in ("sent", "lat", "late", "ok", "lag_at", "lag")}
 
     async def node(i: int) -> None:
-        conn = await _reconnect(port)
         path = f"/v1/jobs/{job}/nodes/node-{i:05d}/heartbeat"
         async with gate:
+            # Connect when this node's turn comes: 12,500 connects at once overflow the
+            # server's accept queue, and dropped SYNs retry for minutes.
+            conn = await _reconnect(port)
             for r in range(i * GPUS_PER_NODE, (i + 1) * GPUS_PER_NODE):
                 # An instance id: a registration sent again after a timeout is a retry,
                 # not a restarted rank (which would fail the job's generation).
