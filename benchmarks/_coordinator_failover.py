@@ -107,8 +107,12 @@ class Node:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 
 
-async def prepare(node: Node, http: httpx.AsyncClient, first: int) -> None:
-    """Create the job through replica ``first``, register its ranks, commit one checkpoint."""
+async def prepare(
+    node: Node, http: httpx.AsyncClient, first: int, stop: asyncio.Event
+) -> asyncio.Task[None]:
+    """Create the job through replica ``first``, register its ranks, start its heartbeats
+    (at once: a registered rank that stays silent for the timeout fails the generation),
+    commit one checkpoint. Returns the heartbeat task."""
     node.current = first
     body = {"name": node.job, "world_size": node.ranks, "heartbeat_timeout_s": TIMEOUT_S}
     reply = await node.post(http, "/v1/jobs", body)
@@ -116,6 +120,7 @@ async def prepare(node: Node, http: httpx.AsyncClient, first: int) -> None:
     for r in range(node.ranks):
         reply = await node.post(http, f"/v1/jobs/{node.job}/ranks/{r}/register", {"node": "node-0"})
         assert reply.status_code == 200, reply.text
+    beat = asyncio.create_task(node.beat(http, stop))
     committer = None
     for r in range(node.ranks):
         part = {
@@ -135,6 +140,7 @@ async def prepare(node: Node, http: httpx.AsyncClient, first: int) -> None:
         http, f"/v1/jobs/{node.job}/checkpoints/{COMMITTED_STEP}/commit", commit
     )
     assert reply.status_code == 200, reply.text
+    return beat
 
 
 async def owner_of(http: httpx.AsyncClient, urls: list[str], job: str) -> int:
@@ -188,15 +194,13 @@ async def scenario(sc: Failover, urls: list[str], pids: list[int]) -> FailoverRe
     nodes = [Node(urls, f"fo-{tag}-{j}", sc.ranks) for j in range(sc.jobs)]
     limits = httpx.Limits(max_connections=200)
     async with httpx.AsyncClient(timeout=10, limits=limits) as http:
-        gate = asyncio.Semaphore(50)
+        gate, stop = asyncio.Semaphore(50), asyncio.Event()
 
-        async def one(j: int) -> None:
+        async def one(j: int) -> asyncio.Task[None]:
             async with gate:
-                await prepare(nodes[j], http, j % len(urls))
+                return await prepare(nodes[j], http, j % len(urls), stop)
 
-        await asyncio.gather(*(one(j) for j in range(sc.jobs)))
-        stop = asyncio.Event()
-        beats = [asyncio.create_task(n.beat(http, stop)) for n in nodes]
+        beats = await asyncio.gather(*(one(j) for j in range(sc.jobs)))
         owners = [await owner_of(http, urls, n.job) for n in nodes]
         victim = max(range(len(urls)), key=owners.count)
         killed = [n for n, o in zip(nodes, owners, strict=True) if o == victim]

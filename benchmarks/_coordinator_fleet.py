@@ -121,7 +121,11 @@ async def _agents(k: int, fleet: Fleet, port: int, job: str, shared: Any) -> dic
                 # An instance id: a registration sent again after a timeout is a retry,
                 # not a restarted rank (which would fail the job's generation).
                 body = f'{{"instance":"n{i}-r{r}","node":"node-{i:05d}"}}'.encode()
-                code, conn = await _send(conn, port, f"/v1/jobs/{job}/ranks/{r}/register", body)
+                code = 0
+                for _ in range(20):  # an overloaded server: keep trying, as an agent would
+                    code, conn = await _send(conn, port, f"/v1/jobs/{job}/ranks/{r}/register", body)
+                    if code == 200:
+                        break
                 assert code == 200, code
             code, conn = await _send(conn, port, path, node_body(i, 0))
             assert code == 200, code

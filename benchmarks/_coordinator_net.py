@@ -98,7 +98,9 @@ def runqueue_wait_s(pid: int) -> float:
 
 def pct(values: list[float], q: float) -> float:
     """The ``q``-th percentile (0 < q < 100, in steps of 0.1) of ``values``."""
-    return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else 0.0
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=1000)[int(q * 10) - 1]
 
 
 def start_server(
