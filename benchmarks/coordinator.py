@@ -9,20 +9,31 @@ last heartbeat to its ``rank_failed`` event; must be <= timeout + 1 s).
 
     .venv/bin/python benchmarks/coordinator.py                      # all scenarios, 20 s each
     .venv/bin/python benchmarks/coordinator.py --duration 10 --scenarios node4096,rank2048
+
+Issue 33's scenarios (each in its own module):
+
+- ``fleet100k`` (``_coordinator_fleet.py``): 12,500 node agents of 8 ranks, one replica,
+  one or more generator processes (``--load-procs``, ``--pin``), ``--repeats`` windows:
+      .venv/bin/python benchmarks/coordinator.py --scenarios fleet100k --pin
+- ``failover``, ``jobs1000`` (``_coordinator_failover.py``): 2 replicas on PostgreSQL
+  (``--db postgresql://...``, else a throwaway cluster from ``_postgres.py``), the owner
+  SIGKILLed, the time until the new owner detects a silent rank. They need the server side
+  of issue 33 and say so in one line (exit 2) on a server without it.
+
+``--db`` is handed to every ``checkflow serve`` (default: a fresh SQLite file per run).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import math
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +42,30 @@ from pathlib import Path
 
 import httpx
 
-TOKEN = "bench"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ is not a package
+from _coordinator_failover import (  # noqa: E402
+    FAILOVER_SCENARIOS,
+    FailoverResult,
+    MissingServerSupport,
+    print_failover,
+    run_failover,
+)
+from _coordinator_fleet import FLEET, Fleet, FleetResult, print_fleet, run_fleet, server_cpus  # noqa: E402
+from _coordinator_net import (  # noqa: E402
+    TOKEN,
+    connect,
+    cpu_seconds,
+    free_port,
+    pct,
+    runqueue_wait_s,
+    start_server,
+    stop_server,
+)
+
+__all__ = ["TOKEN", "free_port", "start_server"]  # what recovery.py imports from here
+
 TIMEOUT_S = 3.0
 """Heartbeat timeout of the benchmark jobs: silent ranks must be found within 4 s."""
-SERVE = "import sys; from checkflow.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass
@@ -75,100 +106,6 @@ class Result:
     client_lag: list[float] = field(default_factory=list)
     """How late the load generator's own 5 ms timer fired (its event loop was busy): a
     reply is timed when this loop gets to it, so this bounds the generator's own error."""
-
-
-class HttpConn(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection, one request in flight."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's own class
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
-            return
-        head = bytes(self.buf[:end]).lower()
-        i = head.find(b"content-length:")
-        length = int(head[i + 15 : head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0 else None])
-        if len(self.buf) < end + 4 + length:
-            return
-        status = int(self.buf[9:12])
-        body = bytes(self.buf[end + 4 : end + 4 + length])
-        del self.buf[: end + 4 + length]
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result((status, body))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(ConnectionError("connection lost"))
-
-    async def request(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        assert self.transport is not None
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(
-            f"{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        return await self.waiter
-
-
-async def connect(port: int) -> HttpConn:
-    loop = asyncio.get_running_loop()
-    _, conn = await loop.create_connection(HttpConn, "127.0.0.1", port)
-    return conn
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def runqueue_wait_s(pid: int) -> float:
-    """Seconds the process's threads waited for a CPU while runnable (scheduler contention)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        total += int((task / "schedstat").read_text().split()[1])
-    return total / 1e9
-
-
-def start_server(db: Path, port: int) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-c",
-        SERVE,
-        "serve",
-        "--port",
-        str(port),
-        "--db",
-        str(db),
-        "--token",
-        TOKEN,
-        "--log-level",
-        "error",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("coordinator did not start")
 
 
 async def setup_job(port: int, job: str, ranks: int) -> None:
@@ -294,25 +231,55 @@ def record_detections(port: int, job: str, res: Result) -> None:
     res.false_failures = sum(1 for r in failed if r not in res.silent)
 
 
-def run_scenario(sc: Scenario, duration: float) -> Result:
+def run_scenario(sc: Scenario, duration: float, db: str | None) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
-        proc = start_server(Path(tmp) / "coordinator.db", port)
+        proc = start_server(db or Path(tmp) / "coordinator.db", port)
         try:
             import uvloop
 
-            job = "bench"
+            job = f"bench-{os.getpid()}-{time.monotonic_ns()}"  # unique in a shared database
             uvloop.run(setup_job(port, job, sc.ranks))
             res = uvloop.run(run_load(port, sc, job, duration, proc.pid))
             record_detections(port, job, res)
         finally:
-            proc.terminate()
-            proc.wait(10)
+            stop_server(proc)
     return res
 
 
-def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else 0.0
+def run_fleets(args: argparse.Namespace) -> list[FleetResult]:
+    """``fleet100k``: per ``--load-procs`` setting, one server and one fleet that registers
+    once, then ``--repeats`` measured windows (registering 100,000 ranks takes minutes)."""
+    results: list[FleetResult] = []
+    for procs in (int(x) for x in args.load_procs.split(",")):
+        fleet = Fleet(args.nodes, args.duration, procs, args.pin, windows=args.repeats)
+        print(f"fleet: {fleet.nodes} nodes, {procs} generator process(es), pin={args.pin}, "
+              f"{args.repeats} windows of {args.duration:.0f} s ...", flush=True)  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            port = free_port()
+            cpus = server_cpus() if args.pin else None
+            proc = start_server(args.db or Path(tmp) / "coordinator.db", port, cpus=cpus)
+            try:
+                results += run_fleet(fleet, port, proc.pid)
+            finally:
+                stop_server(proc)
+        print_fleet(results[-args.repeats :])
+    return results
+
+
+def run_failovers(keys: list[str], db: str | None) -> list[FailoverResult]:
+    """The failover scenarios against ``db``, or a throwaway PostgreSQL when none."""
+    from _postgres import throwaway_postgres
+
+    with contextlib.ExitStack() as stack:
+        url = db or stack.enter_context(throwaway_postgres({"max_connections": "300"}))
+        results = []
+        for key in keys:
+            sc = FAILOVER_SCENARIOS[key]
+            print(f"running: {sc.name}, owner SIGKILLed ...", flush=True)
+            results.append(run_failover(sc, url))
+            print_failover(results[-1:])
+        return results
 
 
 def print_table(results: list[Result]) -> None:
@@ -361,20 +328,49 @@ def print_table(results: list[Result]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per scenario")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help=",".join(SCENARIOS))
+    p.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=",".join([*SCENARIOS, FLEET, *FAILOVER_SCENARIOS]),
+    )
+    p.add_argument("--db", help="the server's --db (default: a fresh SQLite file per run); "
+                   "a postgresql:// URL where the server supports it")  # fmt: skip
+    fleet = p.add_argument_group(f"{FLEET}: node agents of a 100k-GPU job")
+    fleet.add_argument("--nodes", type=int, default=12_500, help="nodes of 8 ranks (12,500)")
+    fleet.add_argument("--load-procs", default="1", help="generator processes; a comma list "
+                       "is run interleaved (1,2)")  # fmt: skip
+    fleet.add_argument("--pin", action="store_true", help="server on core 0, load on the rest")
+    fleet.add_argument("--repeats", type=int, default=3, help="measured windows per fleet")
     args = p.parse_args()
     gc.disable()  # the load generator must not pause; it runs for a minute at most
-    results = []
+    results, fleets, failovers = [], [], []
     load_before = os.getloadavg()[0]
-    for key in args.scenarios.split(","):
+    keys = args.scenarios.split(",")
+    unknown = [k for k in keys if k not in {*SCENARIOS, FLEET, *FAILOVER_SCENARIOS}]
+    if unknown:
+        p.error(f"unknown scenario {unknown[0]!r}")
+    try:
+        failovers = run_failovers([k for k in keys if k in FAILOVER_SCENARIOS], args.db)
+    except MissingServerSupport as e:
+        print(f"coordinator.py: {e}", file=sys.stderr)
+        return 2
+    for key in (k for k in keys if k not in FAILOVER_SCENARIOS):
+        if key == FLEET:
+            fleets = run_fleets(args)
+            continue
         sc = SCENARIOS[key]
         print(f"running: {sc.name} ({args.duration:.0f} s measured) ...", flush=True)
-        results.append(run_scenario(sc, args.duration))
+        results.append(run_scenario(sc, args.duration, args.db))
     print(
         f"\nmachine: {os.cpu_count()} CPUs, load generator and server on the same host; "
         f"load average at start {load_before:.1f}, at end {os.getloadavg()[0]:.1f}"
     )
-    print_table(results)
+    if results:
+        print_table(results)
+    if fleets:
+        print_fleet(fleets, summary=True)
+    if failovers:
+        print_failover(failovers)
     return 0
 
 

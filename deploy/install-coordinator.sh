@@ -8,13 +8,17 @@
 # so what the image gets is what CI checks. The coordinator imports no torch (an import
 # contract in pyproject.toml), so torch, numpy and the codecs' libraries are left out: the
 # image is ~100 MB instead of several GB. The dependency list is read from pyproject.toml,
-# so it cannot drift from the package's own.
+# so it cannot drift from the package's own. The `postgres` extra comes with it (what
+# `pip install 'checkflow[postgres]'` adds: the PostgreSQL driver), so one image serves both
+# `--db /data/coordinator.db` (SQLite) and `--db postgresql://...` (replicas).
 set -euo pipefail
 
 src="${1:-.}"
 python="${PYTHON:-python3}"
 # Runtime-only dependencies the coordinator never imports.
 export CHECKFLOW_NOT_FOR_COORDINATOR="torch numpy zstandard xxhash"
+# The extra the coordinator image carries besides the core dependencies.
+export CHECKFLOW_EXTRAS="postgres"
 
 requirements="$("$python" - "$src/pyproject.toml" <<'PY'
 import os
@@ -23,11 +27,13 @@ import sys
 import tomllib
 
 with open(sys.argv[1], "rb") as f:
-    dependencies = tomllib.load(f)["project"]["dependencies"]
+    project = tomllib.load(f)["project"]
+extras = project.get("optional-dependencies", {})
+dependencies = project["dependencies"] + extras.get(os.environ["CHECKFLOW_EXTRAS"], [])
 skip = set(os.environ["CHECKFLOW_NOT_FOR_COORDINATOR"].split())
 for requirement in dependencies:
     name = re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0]
-    if name.lower() not in skip:
+    if name.lower() not in skip and name.lower() != "checkflow":
         print(requirement)
 PY
 )"

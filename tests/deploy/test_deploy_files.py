@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tomllib
 
 from tests.support.net import free_port
 
@@ -113,6 +114,9 @@ def test_the_install_recipe_gives_a_coordinator_that_starts_without_torch(tmp_pa
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True)
     assert no_torch.returncode != 0, "the coordinator image must not carry torch"
+    site = list((venv / "lib").glob("python*/site-packages"))
+    missing = [n for n in postgres_extra() if not any(s.glob(f"{n}*") for s in site)]
+    assert missing == [], f"the image lacks the postgres extra's {missing}"
 
     port = free_port()
     serve_env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKFLOW_")}
@@ -140,6 +144,15 @@ def test_the_install_recipe_gives_a_coordinator_that_starts_without_torch(tmp_pa
             "pip install 'checkflow[full]' (this is a coordinator-only install, without "
         ), res.stderr
         assert len(res.stderr.splitlines()) == 1
+
+
+def postgres_extra() -> list[str]:
+    """The distributions of ``checkflow[postgres]`` as site-packages names them
+    (``psycopg[binary]>=3.1`` -> ``psycopg``); none while pyproject declares no such extra."""
+    with (REPO / "pyproject.toml").open("rb") as f:
+        extras = tomllib.load(f)["project"].get("optional-dependencies", {})
+    names = [re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0] for r in extras.get("postgres", [])]
+    return [n.lower().replace("-", "_") for n in names if n.lower() != "checkflow"]
 
 
 def _wait_for_health(url: str, server: subprocess.Popen[str]) -> dict[str, object]:
