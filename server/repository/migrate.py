@@ -13,6 +13,7 @@ migrates without a source tree or an ``alembic.ini``.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,10 @@ def upgrade(db: Database) -> None:
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")
         if _stored(conn) == HEAD:
             return
+        # Alembic's INFO lines name each plugin it sets up as it is imported (a dozen lines
+        # of noise at a first start); its "Running upgrade ..." lines, which say what
+        # changed, stay.
+        logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
         from alembic import command
 
         config = _config()
