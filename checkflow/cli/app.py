@@ -20,6 +20,7 @@ from checkflow.cli.output import (
     EXIT_INTERRUPTED,
     EXIT_NEEDS_FULL_INSTALL,
     EXIT_OK,
+    StderrHandler,
     error,
     explain,
     needs_full_install,
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="checkflow: %(levelname)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[StderrHandler()],
     )
     try:
         return int(args.run(args))

@@ -17,6 +17,7 @@ lacks; 130 Ctrl-C. Expected errors print one line,
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -174,6 +175,24 @@ def fmt_shape(shape: Sequence[int]) -> str:
 
 
 # -- errors ----------------------------------------------------------------------------------
+class StderrHandler(logging.StreamHandler):
+    """A log handler that writes to whatever ``sys.stderr`` is when a record comes, not to
+    the one that was there when logging was set up: ``main()`` run in-process (a test's
+    captured stderr, a notebook) would otherwise leave the root logger writing to a stream
+    that is closed later, and every log line after it becomes a "Logging error"."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        """Kept for StreamHandler's own assignments; the current ``sys.stderr`` is used."""
+
+
 def error(message: str) -> None:
     """``checkflow: error: <message>`` on stderr, on one line whatever the message holds."""
     print(f"checkflow: error: {escape(' '.join(message.split()))}", file=sys.stderr)

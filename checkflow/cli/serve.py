@@ -18,6 +18,7 @@ from checkflow.cli.output import (
     EXIT_OK,
     TOKEN_ON_COMMAND_LINE,
     CliError,
+    StderrHandler,
     line,
     warning,
 )
@@ -149,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=[StderrHandler()],
         force=True,
     )
     try:

@@ -66,3 +66,20 @@ def test_expected_errors_map_to_exit_codes_and_bugs_do_not(
     assert explain(KeyError("a bug"), "/ckpt") == (None, "")
     error("two\n  lines")
     assert capsys.readouterr().err == "checkflow: error: two lines\n"
+
+
+def test_the_log_handler_writes_to_the_stderr_of_now_not_of_its_setup(monkeypatch):
+    """main() run in-process twice (tests, notebooks): the first run's stderr may be closed
+    by the time the second logs; the handler follows sys.stderr instead of keeping it."""
+    import io
+    import logging
+
+    from checkflow.cli.output import StderrHandler
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    handler = StderrHandler()
+    first.close()
+    monkeypatch.setattr("sys.stderr", second)
+    handler.emit(logging.makeLogRecord({"msg": "after the swap", "levelno": logging.WARNING}))
+    assert second.getvalue() == "after the swap\n"

@@ -4,6 +4,7 @@ client processes."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from checkflow_server.app import create_app
 from checkflow_server.settings import Settings
 from fastapi.testclient import TestClient
 
+from checkflow.cli.output import StderrHandler
 from tests.support.coordinator import AUTH, TOKEN, ServerProcess, served
 from tests.support.postgres import Cluster
 
@@ -48,3 +50,16 @@ def client(settings: Settings) -> Iterator[TestClient]:
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     with served(tmp_path / "coordinator.db") as s:
         yield s
+
+
+@pytest.fixture(autouse=True)
+def _serve_logging_undone() -> Iterator[None]:
+    """``main(["serve", ...])`` run in-process sets the root logger up for a service (its
+    level, a handler on stderr, ``force=True``), as the process it normally is; undone after
+    each test, so that later tests' stderr holds only what they wrote."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if isinstance(h, StderrHandler)]:
+        root.removeHandler(handler)
+    root.setLevel(level)
